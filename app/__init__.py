@@ -1,0 +1,1 @@
+"""HTTP API, settings, CLI and process wiring of the memchat service."""

@@ -1,0 +1,118 @@
+"""`memchat` command line: serve, migrate, reindex, chat. The process boundary."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+import structlog
+
+from app.settings import Settings
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(message)s", stream=sys.stderr)
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+    )
+
+
+async def _migrate(settings: Settings, revision: str) -> str | None:
+    from storage import migrate
+    from storage.db import create_engine
+
+    engine = create_engine(settings.resolved_database_url())
+    try:
+        await migrate.upgrade(engine, revision)
+        return await migrate.current_revision(engine)
+    finally:
+        await engine.dispose()
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    revision = asyncio.run(_migrate(settings, args.revision))
+    print(f"database at revision {revision}")
+    return 0
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.factory import create_app
+
+    host = args.host or settings.host
+    port = args.port or settings.port
+    asyncio.run(_migrate(settings, "head"))
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
+    return 0
+
+
+async def _reindex(settings: Settings) -> int:
+    from app.factory import build_memory, load_embedder
+    from storage.db import create_engine, create_sessionmaker
+    from storage.repository import Store
+
+    engine = create_engine(settings.resolved_database_url())
+    try:
+        store = Store(create_sessionmaker(engine))
+        memory = build_memory(settings, store, load_embedder(settings))
+        return await memory.reindex_all()
+    finally:
+        await engine.dispose()
+
+
+def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
+    asyncio.run(_migrate(settings, "head"))
+    num_messages = asyncio.run(_reindex(settings))
+    print(f"re-embedded and indexed {num_messages} messages with {settings.embedder.model_name}")
+    return 0
+
+
+def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
+    from app.terminal_chat import run_chat
+
+    url = args.url or f"http://{settings.host}:{settings.port}"
+    return run_chat(url, args.user_id, args.session_id, max_tokens=args.max_tokens)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memchat", description="Conversational memory service")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="apply migrations and serve the HTTP API")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.set_defaults(run=cmd_serve)
+    migrate = commands.add_parser("migrate", help="apply database migrations")
+    migrate.add_argument("--revision", default="head")
+    migrate.set_defaults(run=cmd_migrate)
+    reindex = commands.add_parser(
+        "reindex", help="re-embed every stored turn and rebuild the vector index (server stopped)"
+    )
+    reindex.set_defaults(run=cmd_reindex)
+    chat = commands.add_parser("chat", help="chat in the terminal with a running server")
+    chat.add_argument("--url", default=None, help="server URL (default from MEMCHAT_HOST/PORT)")
+    chat.add_argument("--user-id", default="me")
+    chat.add_argument("--session-id", default=None, help="continue this session")
+    chat.add_argument("--max-tokens", type=int, default=None)
+    chat.set_defaults(run=cmd_chat)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings()
+    configure_logging(settings.log_level)
+    return int(args.run(settings, args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

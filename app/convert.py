@@ -1,0 +1,81 @@
+"""Conversions from retrieval-layer dataclasses to response bodies."""
+
+from __future__ import annotations
+
+from app import schemas
+from retrieval import chat as chat_service
+from retrieval import context as ctx
+from retrieval.protocols import Completion
+from storage.models import ChatSession, User
+
+
+def session_body(chat: ChatSession, user: User, num_messages: int) -> schemas.Session:
+    return schemas.Session(
+        id=chat.id,
+        user_id=user.external_id,
+        title=chat.title,
+        metadata=chat.metadata_json or {},
+        created_at=chat_service.as_utc(chat.created_at),
+        num_messages=num_messages,
+    )
+
+
+def message_body(turn: chat_service.StoredTurn) -> schemas.Message:
+    return schemas.Message(
+        id=turn.id,
+        session_id=turn.session_id,
+        seq=turn.seq,
+        role=turn.role,
+        name=turn.name,
+        content=turn.content,
+        created_at=turn.created_at,
+        external_id=turn.external_id,
+        token_count=turn.token_count,
+    )
+
+
+def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
+    return schemas.ContextReport(
+        memories=[
+            schemas.MemoryUsed(
+                kind="turn",
+                id=m.message_id,
+                session_id=m.session_id,
+                role=m.role,
+                name=m.name,
+                text=m.text,
+                score=round(m.score, 6),
+                created_at=m.created_at,
+            )
+            for m in report.memories
+        ],
+        recent_message_ids=list(report.recent_message_ids),
+        tokens=schemas.SectionTokens(
+            system=report.sections.system,
+            memories=report.sections.memories,
+            recent=report.sections.recent,
+            new_message=report.sections.new_message,
+        ),
+        prompt_tokens=report.prompt_tokens,
+        context_window=report.context_window,
+        reply_tokens_reserved=report.reply_tokens_reserved,
+    )
+
+
+def usage_body(completion: Completion) -> schemas.Usage:
+    return schemas.Usage(
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        total_tokens=completion.prompt_tokens + completion.completion_tokens,
+        cached_prompt_tokens=completion.cached_prompt_tokens,
+    )
+
+
+def turn_body(result: chat_service.TurnResult) -> schemas.Turn:
+    return schemas.Turn(
+        message=message_body(result.message),
+        reply=message_body(result.reply),
+        finish_reason=result.completion.finish_reason,
+        context=report_body(result.context),
+        usage=usage_body(result.completion),
+    )

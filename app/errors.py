@@ -1,0 +1,147 @@
+"""The only place where errors become HTTP: RFC 9457 problem details for every failure."""
+
+from __future__ import annotations
+
+import re
+from http import HTTPStatus
+from typing import Any
+
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from retrieval.errors import (
+    EmbeddingModelMismatchError,
+    EngineError,
+    InvalidInputError,
+)
+from storage.errors import ConflictError, DatabaseUnavailableError, NotFoundError
+
+log = structlog.get_logger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+_MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`")
+_MSGSPEC_FIELD = re.compile(r"(?:unknown|missing required) field `(?P<name>[^`]+)`")
+
+
+def problem_body(
+    status: int, detail: str, instance: str, errors: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+    }
+    if errors:
+        body["errors"] = errors
+    return body
+
+
+def problem(
+    request: Request[Any, Any, Any],
+    status: int,
+    detail: str,
+    *,
+    errors: list[dict[str, str]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response[dict[str, Any]]:
+    body = problem_body(status, detail, request.url.path, errors)
+    return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _field_of(message: str, item: dict[str, Any]) -> str:
+    """The dotted path of the offending field, from msgspec's message or Litestar's key."""
+    path_match = _MSGSPEC_PATH.search(message)
+    path = path_match.group("path") if path_match else str(item.get("key") or "")
+    if path == "data":
+        path = ""
+    if name_match := _MSGSPEC_FIELD.search(message):
+        return f"{path}.{name_match.group('name')}" if path else name_match.group("name")
+    return path or "body"
+
+
+def _field_errors(exc: ValidationException) -> list[dict[str, str]]:
+    """Litestar reports msgspec errors as 'Expected ... - at `$.field`'; name the field."""
+    found: list[dict[str, str]] = []
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    for item in extra:
+        if not isinstance(item, dict):
+            continue
+        message = str(item.get("message", ""))
+        found.append({"field": _field_of(message, item), "message": _MSGSPEC_PATH.sub("", message)})
+    return found
+
+
+def on_validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
+    errors = _field_errors(exc)
+    if not errors:
+        # Not a field problem: the body is not JSON at all, or not decodable.
+        return problem(request, 400, exc.detail or "malformed request body")
+    summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return problem(request, 422, f"invalid request: {summary}", errors=errors)
+
+
+def on_invalid_input(request: Request[Any, Any, Any], exc: InvalidInputError) -> Response[Any]:
+    return problem(
+        request,
+        422,
+        f"{exc.field}: {exc.message}",
+        errors=[{"field": exc.field, "message": exc.message}],
+    )
+
+
+def on_not_found(request: Request[Any, Any, Any], exc: NotFoundError) -> Response[Any]:
+    return problem(request, 404, str(exc))
+
+
+def on_conflict(request: Request[Any, Any, Any], exc: ConflictError) -> Response[Any]:
+    return problem(request, 409, f"conflicts with stored data: {exc}")
+
+
+def on_engine(request: Request[Any, Any, Any], exc: EngineError) -> Response[Any]:
+    log.warning("engine_failed", error=str(exc), path=request.url.path)
+    return problem(
+        request,
+        503,
+        f"the LLM engine failed: {exc}. Your message was stored; retry later.",
+        headers={"Retry-After": "5"},
+    )
+
+
+def on_database(request: Request[Any, Any, Any], exc: DatabaseUnavailableError) -> Response[Any]:
+    log.error("database_unavailable", error=str(exc))
+    return problem(request, 503, "the database is unavailable", headers={"Retry-After": "5"})
+
+
+def on_model_mismatch(
+    request: Request[Any, Any, Any], exc: EmbeddingModelMismatchError
+) -> Response[Any]:
+    return problem(request, 500, str(exc))
+
+
+def on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    if isinstance(exc, ValidationException):
+        return on_validation(request, exc)
+    detail = exc.detail if exc.detail != HTTPStatus(exc.status_code).phrase else ""
+    return problem(request, exc.status_code, detail or HTTPStatus(exc.status_code).description)
+
+
+def on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    # Process boundary: log the full error, answer without internals.
+    log.exception("unhandled_error", path=request.url.path)
+    return problem(request, 500, "internal error; the request was not completed")
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    ValidationException: on_validation,
+    InvalidInputError: on_invalid_input,
+    NotFoundError: on_not_found,
+    ConflictError: on_conflict,
+    EngineError: on_engine,
+    DatabaseUnavailableError: on_database,
+    EmbeddingModelMismatchError: on_model_mismatch,
+    HTTPException: on_http,
+    Exception: on_unexpected,
+}

@@ -1,0 +1,49 @@
+"""Memory search across all sessions of a user."""
+
+from __future__ import annotations
+
+from litestar import Controller, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+from litestar.status_codes import HTTP_200_OK
+
+from app import schemas
+from retrieval.chat import ChatService
+from storage.errors import NotFoundError
+from storage.repository import Store
+
+
+class MemoryController(Controller):
+    path = "/v1/memory"
+    tags = ["memory"]  # noqa: RUF012
+
+    @post("/search", status_code=HTTP_200_OK)
+    async def search(
+        self,
+        data: JSONBody[schemas.SearchRequest],
+        store: NamedDependency[Store],
+        chat_service: NamedDependency[ChatService],
+    ) -> schemas.SearchResponse:
+        user = await store.get_user(data.user_id)
+        if data.session_id is not None:
+            _chat, owner = await store.get_session(data.session_id)
+            if owner.id != user.id:
+                # Another user's session is as unknown to this user as a missing one.
+                raise NotFoundError("session", data.session_id)
+        hits = await chat_service.search(user, data.query, data.k, data.session_id)
+        return schemas.SearchResponse(
+            results=[
+                schemas.SearchResult(
+                    kind="turn",
+                    id=hit.turn.id,
+                    session_id=hit.turn.session_id,
+                    external_id=hit.turn.external_id,
+                    role=hit.turn.role,
+                    name=hit.turn.name,
+                    text=hit.turn.content,
+                    score=round(hit.score, 6),
+                    created_at=hit.turn.created_at,
+                )
+                for hit in hits
+            ]
+        )

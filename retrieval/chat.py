@@ -1,0 +1,330 @@
+"""One chat turn: persist -> embed -> search -> assemble -> generate -> persist -> index.
+
+Turns of one session are serialised by a per-session lock, so each turn's context sees
+every earlier turn of that session, reply included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from retrieval.context import (
+    AssembledContext,
+    ContextAssembler,
+    ContextBudget,
+    ContextReport,
+    RecentTurn,
+    RetrievedMemory,
+)
+from retrieval.errors import ContextTooLongError, InvalidInputError
+from retrieval.memory import TurnMemory
+from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta
+from storage.models import ChatSession, Message, User
+from storage.repository import NewMessage, Store
+
+
+@dataclass(frozen=True, slots=True)
+class ChatConfig:
+    retrieval_k: int = 5
+    recent_window_messages: int = 20
+    memory_share: float = 0.25
+    max_content_chars: int = 32_000
+    max_import_messages: int = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    id: int
+    session_id: str
+    seq: int
+    role: str
+    name: str | None
+    content: str
+    created_at: dt.datetime
+    external_id: str | None
+    token_count: int
+
+    @classmethod
+    def from_row(cls, row: Message) -> StoredTurn:
+        return cls(
+            id=row.id,
+            session_id=row.session_id,
+            seq=row.seq,
+            role=row.role,
+            name=row.name,
+            content=row.content,
+            created_at=as_utc(row.created_at),
+            external_id=row.external_id,
+            token_count=row.token_count,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """First event of a turn: the user message is stored and the context is assembled."""
+
+    message: StoredTurn
+    context: AssembledContext
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    message: StoredTurn
+    reply: StoredTurn
+    context: ContextReport
+    completion: Completion
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    turn: StoredTurn
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ImportedMessage:
+    role: str
+    content: str
+    name: str | None = None
+    created_at: dt.datetime | None = None
+    external_id: str | None = None
+
+
+TurnEvent = TurnStarted | TextDelta | TurnResult
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    # SQLite drops the zone; everything is stored in UTC.
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+class ChatService:
+    def __init__(
+        self,
+        store: Store,
+        memory: TurnMemory,
+        engine: Engine,
+        assembler: ContextAssembler,
+        config: ChatConfig,
+    ) -> None:
+        self._store = store
+        self._memory = memory
+        self._engine = engine
+        self._assembler = assembler
+        self._config = config
+        self._session_locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        return self._session_locks.setdefault(session_id, asyncio.Lock())
+
+    def _budget(self, params: SamplingParams) -> ContextBudget:
+        return ContextBudget(
+            context_window=self._engine.context_window,
+            reply_tokens=params.max_tokens,
+            memory_share=self._config.memory_share,
+        )
+
+    def validate_content(self, content: str, field: str = "content") -> None:
+        if not content.strip():
+            raise InvalidInputError(field, f"{field} must not be empty")
+        if len(content) > self._config.max_content_chars:
+            raise InvalidInputError(
+                field,
+                f"{field} has {len(content)} characters; the limit is "
+                f"{self._config.max_content_chars}",
+            )
+
+    def _check_fits(self, content_tokens: int, params: SamplingParams) -> None:
+        budget = self._budget(params)
+        need = self._assembler.fixed_tokens(content_tokens)
+        if need + budget.reply_tokens > budget.context_window:
+            raise ContextTooLongError(
+                "content",
+                f"the message takes {content_tokens} tokens; with the system prompt and "
+                f"{budget.reply_tokens} tokens reserved for the reply it exceeds the "
+                f"{budget.context_window}-token context window",
+            )
+
+    # One chat turn ----------------------------------------------------------------
+
+    async def run_turn(
+        self, session_id: str, content: str, params: SamplingParams
+    ) -> AsyncIterator[TurnEvent]:
+        """Yields TurnStarted, then TextDeltas, then one TurnResult.
+
+        Bad input and unknown sessions raise before anything is stored. An engine failure
+        raises after the user message is stored and indexed; no reply is stored then.
+        """
+        self.validate_content(content)
+        chat, _user = await self._store.get_session(session_id)
+        content_tokens = self._engine.count_tokens(content)
+        self._check_fits(content_tokens, params)
+        async with self._lock(session_id):
+            message = await self._persist_user_message(chat, content, content_tokens)
+            vector = (await self._memory.embed([content]))[0]
+            recent = await self._recent_turns(chat.id, exclude_id=message.id)
+            hits = await self._search(
+                chat.user_pk, vector, {message.id, *(t.message_id for t in recent)}
+            )
+            await self._memory.index_messages([message], vector[None, :])
+            context = self._assembler.assemble(
+                new_message=content,
+                memories=await self._memories(chat.user_pk, hits),
+                recent=recent,
+                budget=self._budget(params),
+            )
+            user_turn = StoredTurn.from_row(message)
+            yield TurnStarted(user_turn, context)
+            completion: Completion | None = None
+            async for event in self._engine.stream(context.messages, params):
+                if isinstance(event, Completion):
+                    completion = event
+                else:
+                    yield event
+            if completion is None:  # pragma: no cover - engines always finish with one
+                raise RuntimeError("engine stream ended without a completion")
+            reply = await self._persist_reply(chat, completion.text)
+            await self._memory.index_messages([reply])
+            yield TurnResult(user_turn, StoredTurn.from_row(reply), context.report, completion)
+
+    async def complete_turn(
+        self, session_id: str, content: str, params: SamplingParams
+    ) -> TurnResult:
+        async for event in self.run_turn(session_id, content, params):
+            if isinstance(event, TurnResult):
+                return event
+        raise RuntimeError("turn ended without a result")  # pragma: no cover
+
+    async def _persist_user_message(
+        self, chat: ChatSession, content: str, token_count: int
+    ) -> Message:
+        result = await self._store.add_messages(
+            chat, [NewMessage(role="user", content=content, token_count=token_count)]
+        )
+        return result.messages[0]
+
+    async def _persist_reply(self, chat: ChatSession, text: str) -> Message:
+        result = await self._store.add_messages(
+            chat,
+            [
+                NewMessage(
+                    role="assistant", content=text, token_count=self._engine.count_tokens(text)
+                )
+            ],
+        )
+        return result.messages[0]
+
+    async def _recent_turns(
+        self, session_id: str, exclude_id: int | None = None
+    ) -> list[RecentTurn]:
+        rows = await self._store.list_recent_messages(
+            session_id, self._config.recent_window_messages + 1
+        )
+        turns = [
+            RecentTurn(r.id, r.role, r.name, r.content, r.token_count)
+            for r in rows
+            if r.id != exclude_id
+        ]
+        return turns[-self._config.recent_window_messages :]
+
+    async def _search(self, user_pk: int, vector: np.ndarray, exclude: set[int]) -> list[ScoredId]:
+        return await self._memory.search(user_pk, vector, self._config.retrieval_k, exclude)
+
+    async def _memories(self, user_pk: int, hits: Sequence[ScoredId]) -> list[RetrievedMemory]:
+        rows = {
+            m.id: m for m in await self._store.list_messages_by_id(user_pk, [h.id for h in hits])
+        }
+        return [
+            RetrievedMemory(
+                message_id=row.id,
+                session_id=row.session_id,
+                role=row.role,
+                name=row.name,
+                text=row.content,
+                score=hit.score,
+                created_at=as_utc(row.created_at),
+                external_id=row.external_id,
+                token_count=row.token_count,
+            )
+            for hit in hits
+            if (row := rows.get(hit.id)) is not None
+        ]
+
+    # Without generation -------------------------------------------------------------
+
+    async def preview_context(
+        self, session_id: str, content: str, params: SamplingParams
+    ) -> AssembledContext:
+        """The context a message would get, without storing or generating anything."""
+        self.validate_content(content)
+        chat, _user = await self._store.get_session(session_id)
+        self._check_fits(self._engine.count_tokens(content), params)
+        vector = (await self._memory.embed([content]))[0]
+        recent = await self._recent_turns(chat.id)
+        hits = await self._search(chat.user_pk, vector, {t.message_id for t in recent})
+        return self._assembler.assemble(
+            new_message=content,
+            memories=await self._memories(chat.user_pk, hits),
+            recent=recent,
+            budget=self._budget(params),
+        )
+
+    async def import_history(
+        self, session_id: str, messages: Sequence[ImportedMessage]
+    ) -> tuple[int, int]:
+        """Store and index existing history; returns (imported, skipped as duplicates)."""
+        if len(messages) > self._config.max_import_messages:
+            raise InvalidInputError(
+                "messages",
+                f"{len(messages)} messages in one import; the limit is "
+                f"{self._config.max_import_messages}",
+            )
+        for position, item in enumerate(messages):
+            self.validate_content(item.content, f"messages[{position}].content")
+        chat, _user = await self._store.get_session(session_id)
+        new = [
+            NewMessage(
+                role=m.role,
+                content=m.content,
+                token_count=self._engine.count_tokens(m.content),
+                name=m.name,
+                created_at=m.created_at,
+                external_id=m.external_id,
+            )
+            for m in messages
+        ]
+        async with self._lock(session_id):
+            result = await self._store.add_messages(chat, new)
+            await self._memory.index_messages(result.messages)
+        return len(result.messages), result.num_skipped
+
+    async def search(
+        self, user: User, query: str, k: int, session_id: str | None = None
+    ) -> list[SearchHit]:
+        self.validate_content(query, "query")
+        vector = (await self._memory.embed([query]))[0]
+        fetch = sys.maxsize if session_id is not None else k
+        hits = await self._memory.search(user.id, vector, fetch)
+        rows = {
+            m.id: m for m in await self._store.list_messages_by_id(user.id, [h.id for h in hits])
+        }
+        found = [
+            SearchHit(StoredTurn.from_row(row), hit.score)
+            for hit in hits
+            if (row := rows.get(hit.id)) is not None
+            and (session_id is None or row.session_id == session_id)
+        ]
+        return found[:k]
+
+    async def delete_session(self, session_id: str) -> None:
+        chat, _user = await self._store.get_session(session_id)
+        async with self._lock(session_id):
+            ids = await self._store.delete_session(session_id)
+            await self._memory.forget(chat.user_pk, ids)
+        self._session_locks.pop(session_id, None)

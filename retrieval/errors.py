@@ -1,0 +1,38 @@
+"""Errors raised by the retrieval layer."""
+
+
+class RetrievalError(Exception):
+    """Base class for retrieval failures."""
+
+
+class InvalidInputError(RetrievalError):
+    """Input that the service refuses; `field` names the offending request field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+class ContextTooLongError(InvalidInputError):
+    """The new message alone does not fit in the engine's context window."""
+
+
+class EmbeddingModelMismatchError(RetrievalError):
+    """Stored vectors were made by another embedding model than the configured one."""
+
+
+class IndexCorruptError(RetrievalError):
+    """A persisted vector index could not be read."""
+
+
+class EngineError(RetrievalError):
+    """The LLM engine failed to produce a reply."""
+
+
+class EngineTimeoutError(EngineError):
+    """The LLM engine did not finish within its time limit."""
+
+
+class EngineUnavailableError(EngineError):
+    """The LLM engine is not loaded or cannot be reached."""

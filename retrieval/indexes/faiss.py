@@ -1,0 +1,132 @@
+"""FAISS adapter: one exact inner-product index per scope (user), persisted as files.
+
+Each scope is an `IndexIDMap2` over `IndexFlatIP`: exact search, ids are message ids.
+Files are written atomically (temporary file then rename) so a crash leaves either the
+old or the new file, never half of one. A file that cannot be read is reported as
+corrupt; the caller rebuilds that scope from SQL rather than starting it empty.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from retrieval.protocols import IndexLoadResult, ScoredId
+
+
+class FaissIndex:
+    def __init__(self, directory: Path, dimension: int) -> None:
+        self._directory = directory
+        self._dimension = dimension
+        self._scopes: dict[int, faiss.IndexIDMap2] = {}
+        self._dirty: set[int] = set()
+        self._lock = threading.Lock()
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    def _path(self, scope: int) -> Path:
+        return self._directory / f"scope-{scope}.faiss"
+
+    def _new(self) -> faiss.IndexIDMap2:
+        return faiss.IndexIDMap2(faiss.IndexFlatIP(self._dimension))
+
+    def is_loaded(self, scope: int) -> bool:
+        return scope in self._scopes
+
+    def load(self, scope: int) -> IndexLoadResult:
+        path = self._path(scope)
+        with self._lock:
+            if not path.exists():
+                self._scopes[scope] = self._new()
+                return IndexLoadResult("missing")
+            try:
+                index = faiss.read_index(str(path))
+            except RuntimeError:
+                self._scopes[scope] = self._new()
+                self._dirty.add(scope)
+                return IndexLoadResult("corrupt")
+            if index.d != self._dimension or not isinstance(index, faiss.IndexIDMap2):
+                self._scopes[scope] = self._new()
+                self._dirty.add(scope)
+                return IndexLoadResult("corrupt")
+            self._scopes[scope] = index
+            ids = frozenset(int(i) for i in faiss.vector_to_array(index.id_map))
+            return IndexLoadResult("loaded", ids)
+
+    def reset(self, scope: int) -> None:
+        with self._lock:
+            self._scopes[scope] = self._new()
+            self._dirty.add(scope)
+
+    def add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(ids), -1)
+        if matrix.shape[1] != self._dimension:
+            raise ValueError(f"vectors have dimension {matrix.shape[1]}, not {self._dimension}")
+        with self._lock:
+            index = self._scopes.setdefault(scope, self._new())
+            id_array = np.asarray(ids, dtype=np.int64)
+            # Re-adding an id replaces its vector instead of duplicating it.
+            index.remove_ids(faiss.IDSelectorBatch(id_array))
+            index.add_with_ids(matrix, id_array)
+            self._dirty.add(scope)
+
+    def remove(self, scope: int, ids: Collection[int]) -> None:
+        if not ids:
+            return
+        with self._lock:
+            index = self._scopes.get(scope)
+            if index is None:
+                return
+            index.remove_ids(faiss.IDSelectorBatch(np.asarray(list(ids), dtype=np.int64)))
+            self._dirty.add(scope)
+
+    def search(
+        self, scope: int, vector: np.ndarray, k: int, exclude: Collection[int] = ()
+    ) -> list[ScoredId]:
+        with self._lock:
+            index = self._scopes.get(scope)
+            if index is None or index.ntotal == 0 or k <= 0:
+                return []
+            fetch = min(index.ntotal, k + len(exclude))
+            query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1)
+            scores, ids = index.search(query, fetch)
+        results = [
+            ScoredId(int(i), float(s))
+            for s, i in zip(scores[0], ids[0], strict=True)
+            if i >= 0 and int(i) not in exclude
+        ]
+        return results[:k]
+
+    def list_ids(self, scope: int) -> set[int]:
+        with self._lock:
+            index = self._scopes.get(scope)
+            if index is None:
+                return set()
+            return {int(i) for i in faiss.vector_to_array(index.id_map)}
+
+    def save(self) -> None:
+        """Write every changed scope to disk atomically."""
+        with self._lock:
+            for scope in sorted(self._dirty):
+                path = self._path(scope)
+                tmp = path.with_suffix(".tmp")
+                faiss.write_index(self._scopes[scope], str(tmp))
+                os.replace(tmp, path)
+            self._dirty.clear()
+
+    def drop_all(self) -> None:
+        with self._lock:
+            self._scopes.clear()
+            self._dirty.clear()
+            for path in self._directory.glob("scope-*.faiss"):
+                path.unlink()

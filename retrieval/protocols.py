@@ -1,0 +1,122 @@
+"""The pluggable parts of the retrieval layer, as small typed protocols, and their data."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredId:
+    id: int
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling for one generation; temperature 0 means greedy (argmax) decoding."""
+
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    # None when the engine does not report it (or, like vLLM, reports nothing cached).
+    cached_prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexLoadResult:
+    """How loading one scope of a persisted index went: 'loaded', 'missing' or 'corrupt'."""
+
+    status: str
+    ids: frozenset[int] = field(default_factory=frozenset)
+
+
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 vectors of a fixed dimension."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class VectorIndex(Protocol):
+    """Inner-product search over vectors keyed by message id, partitioned by an integer scope.
+
+    Derived state: every vector also lives in SQL, so a scope can always be rebuilt.
+    """
+
+    @property
+    def dimension(self) -> int: ...
+
+    def is_loaded(self, scope: int) -> bool: ...
+
+    def load(self, scope: int) -> IndexLoadResult: ...
+
+    def reset(self, scope: int) -> None: ...
+
+    def add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None: ...
+
+    def remove(self, scope: int, ids: Collection[int]) -> None: ...
+
+    def search(
+        self, scope: int, vector: np.ndarray, k: int, exclude: Collection[int] = ()
+    ) -> list[ScoredId]: ...
+
+    def list_ids(self, scope: int) -> set[int]: ...
+
+    def save(self) -> None: ...
+
+    def drop_all(self) -> None: ...
+
+
+class Engine(Protocol):
+    """An LLM engine: chat generation plus its own tokenizer and context window."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def context_window(self) -> int: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int: ...
+
+    async def generate(
+        self, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> Completion: ...
+
+    def stream(
+        self, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> AsyncIterator[TextDelta | Completion]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Relational storage: the source of truth for users, sessions, messages and embeddings."""
