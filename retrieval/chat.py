@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import sys
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -118,10 +119,17 @@ class ChatService:
         self._engine = engine
         self._assembler = assembler
         self._config = config
-        self._session_locks: dict[str, asyncio.Lock] = {}
+        # Weak values: a lock lives while a turn holds it, so unknown ids leave nothing behind.
+        self._session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     def _lock(self, session_id: str) -> asyncio.Lock:
-        return self._session_locks.setdefault(session_id, asyncio.Lock())
+        lock = self._session_locks.get(session_id)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._session_locks[session_id] = lock
+        return lock
 
     def _budget(self, params: SamplingParams) -> ContextBudget:
         return ContextBudget(
@@ -162,13 +170,12 @@ class ChatService:
         raises after the user message is stored and indexed; no reply is stored then.
         """
         self.validate_content(content)
-        chat, _user = await self._store.get_session(session_id)
         content_tokens = self._engine.count_tokens(content)
         self._check_fits(content_tokens, params)
         async with self._lock(session_id):
+            chat, recent = await self._session_and_recent(session_id)
             message = await self._persist_user_message(chat, content, content_tokens)
             vector = (await self._memory.embed([content]))[0]
-            recent = await self._recent_turns(chat.id, exclude_id=message.id)
             hits = await self._search(
                 chat.user_pk, vector, {message.id, *(t.message_id for t in recent)}
             )
@@ -220,18 +227,11 @@ class ChatService:
         )
         return result.messages[0]
 
-    async def _recent_turns(
-        self, session_id: str, exclude_id: int | None = None
-    ) -> list[RecentTurn]:
-        rows = await self._store.list_recent_messages(
-            session_id, self._config.recent_window_messages + 1
+    async def _session_and_recent(self, session_id: str) -> tuple[ChatSession, list[RecentTurn]]:
+        chat, _user, rows = await self._store.get_session_with_recent(
+            session_id, self._config.recent_window_messages
         )
-        turns = [
-            RecentTurn(r.id, r.role, r.name, r.content, r.token_count)
-            for r in rows
-            if r.id != exclude_id
-        ]
-        return turns[-self._config.recent_window_messages :]
+        return chat, [RecentTurn(r.id, r.role, r.name, r.content, r.token_count) for r in rows]
 
     async def _search(self, user_pk: int, vector: np.ndarray, exclude: set[int]) -> list[ScoredId]:
         return await self._memory.search(user_pk, vector, self._config.retrieval_k, exclude)
@@ -263,10 +263,9 @@ class ChatService:
     ) -> AssembledContext:
         """The context a message would get, without storing or generating anything."""
         self.validate_content(content)
-        chat, _user = await self._store.get_session(session_id)
         self._check_fits(self._engine.count_tokens(content), params)
+        chat, recent = await self._session_and_recent(session_id)
         vector = (await self._memory.embed([content]))[0]
-        recent = await self._recent_turns(chat.id)
         hits = await self._search(chat.user_pk, vector, {t.message_id for t in recent})
         return self._assembler.assemble(
             new_message=content,
@@ -327,4 +326,3 @@ class ChatService:
         async with self._lock(session_id):
             ids = await self._store.delete_session(session_id)
             await self._memory.forget(chat.user_pk, ids)
-        self._session_locks.pop(session_id, None)

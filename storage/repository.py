@@ -104,6 +104,31 @@ class Store:
             raise NotFoundError("session", session_id)
         return row[0], row[1]
 
+    async def get_session_with_recent(
+        self, session_id: str, num_recent: int
+    ) -> tuple[ChatSession, User, list[Message]]:
+        """A session, its user and its last `num_recent` messages (oldest first), in one read."""
+        async with self._transaction() as session:
+            row = (
+                await session.execute(
+                    select(ChatSession, User)
+                    .join(User, User.id == ChatSession.user_pk)
+                    .where(ChatSession.id == session_id)
+                )
+            ).first()
+            if row is None:
+                raise NotFoundError("session", session_id)
+            recent: list[Message] = []
+            if num_recent > 0:
+                rows = await session.scalars(
+                    select(Message)
+                    .where(Message.session_id == session_id)
+                    .order_by(Message.seq.desc())
+                    .limit(num_recent)
+                )
+                recent = list(reversed(rows.all()))
+        return row[0], row[1], recent
+
     async def list_sessions(self, user_external_id: str) -> list[tuple[ChatSession, int]]:
         """Sessions of a user, oldest first, each with its number of messages."""
         counts = (
@@ -199,17 +224,6 @@ class Store:
             if limit is not None:
                 query = query.limit(limit)
             return list((await session.scalars(query)).all())
-
-    async def list_recent_messages(self, session_id: str, limit: int) -> list[Message]:
-        """The last `limit` messages of a session, oldest first."""
-        async with self._transaction() as session:
-            rows = await session.scalars(
-                select(Message)
-                .where(Message.session_id == session_id)
-                .order_by(Message.seq.desc())
-                .limit(limit)
-            )
-            return list(reversed(rows.all()))
 
     async def list_messages_by_id(self, user_pk: int, ids: Sequence[int]) -> list[Message]:
         """Messages of one user by id (order not kept; ids of other users are ignored)."""

@@ -9,7 +9,9 @@ one KV cache, which is also why consecutive prompts with a shared prefix are che
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -37,6 +39,7 @@ def default_model_path() -> Path:
 
 
 _DONE = object()
+_PLACEHOLDER = re.compile("\ufffcmemchat([0-9]+)\ufffc")
 
 
 class LlamaCppEngine:
@@ -70,6 +73,8 @@ class LlamaCppEngine:
             template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True
         )
         self._template_stop = [eos] if eos else []
+        self.count_tokens = functools.lru_cache(maxsize=65_536)(self._count_tokens)  # type: ignore[method-assign]
+        self._message_overhead = self._measure_message_overhead()
         self._model_name = model_name or model_path.stem
         self._timeout_s = timeout_s
         self._lock = asyncio.Lock()
@@ -88,7 +93,41 @@ class LlamaCppEngine:
         return int(self._llama.n_ctx())
 
     def count_tokens(self, text: str) -> int:
-        return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        return self._count_tokens(text)
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self._tokenize_text(text))
+
+    def _measure_message_overhead(self) -> dict[str, int] | None:
+        """Template tokens per message role, if the template's token count is additive.
+
+        For templates like ChatML, the rendered prompt's token count is a constant plus,
+        per message, a per-role constant plus its content's tokens, because special
+        tokens separate the messages. Measured here, then checked on a probe
+        conversation; a template where it does not hold falls back to full rendering.
+        """
+        x = ChatMessage("system", "x")
+        base = self._full_count([x])
+        overhead = {"system": self._full_count([x, x]) - base - 1}
+        for role in ("user", "assistant"):
+            overhead[role] = self._full_count([x, ChatMessage(role, "x")]) - base - 1
+        overhead[""] = base - overhead["system"] - 1  # the generation prompt and BOS
+        probe = [
+            ChatMessage("system", "Be brief, friendly; answer in English or 中文."),
+            ChatMessage("user", "I'm Xiao Ming, 我今年6岁了. Peanuts? 我对花生过敏!"),
+            ChatMessage("assistant", "Noted: no peanuts (花生) for you."),
+            ChatMessage("system", "Memories:\n- [2026-01-05 10:00] user: I like tea"),
+            ChatMessage("user", "What's a good snack?"),
+        ]
+        if self._full_count(probe) != self._additive_count(probe, overhead):
+            return None
+        return overhead
+
+    def _additive_count(self, messages: Sequence[ChatMessage], overhead: dict[str, int]) -> int:
+        return overhead[""] + sum(overhead[m.role] + self.count_tokens(m.content) for m in messages)
+
+    def _full_count(self, messages: Sequence[ChatMessage]) -> int:
+        return len(self.prompt_tokens(messages))
 
     def render_prompt(self, messages: Sequence[ChatMessage]) -> str:
         response = self._formatter(
@@ -97,11 +136,44 @@ class LlamaCppEngine:
         return response.prompt
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
-        prompt = self.render_prompt(messages)
-        return self._llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        """The prompt's tokens, with special tokens parsed only where the template puts them.
+
+        Message contents are tokenised as plain text, so a user who writes `<|im_end|>`
+        cannot close their message and forge a system turn. The template is rendered
+        with a placeholder per content, then cut at the placeholders.
+        """
+        holders = [f"\ufffcmemchat{i}\ufffc" for i in range(len(messages))]
+        rendered = self.render_prompt(
+            [ChatMessage(m.role, holder) for m, holder in zip(messages, holders, strict=True)]
+        )
+        pieces = _PLACEHOLDER.split(rendered)
+        if len(pieces) != 2 * len(messages) + 1:
+            # The template dropped or repeated a message: tokenise the rendering as it is.
+            rendered = self.render_prompt(messages)
+            return self._llama.tokenize(rendered.encode("utf-8"), add_bos=True, special=True)
+        tokens: list[int] = []
+        for position, piece in enumerate(pieces):
+            if position % 2:
+                tokens += self._tokenize_text(messages[int(piece)].content)
+            elif piece:
+                tokens += self._llama.tokenize(
+                    piece.encode("utf-8"), add_bos=position == 0, special=True
+                )
+        return tokens
+
+    def _tokenize_text(self, text: str) -> list[int]:
+        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
     def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
-        return len(self.prompt_tokens(messages))
+        overhead = self._message_overhead
+        if (
+            overhead is None
+            or not messages
+            or messages[0].role != "system"  # the template would add its default one
+            or any(m.role not in overhead or _edge_whitespace(m.content) for m in messages)
+        ):
+            return self._full_count(messages)
+        return self._additive_count(messages, overhead)
 
     def _cached_prefix(self, tokens: Sequence[int]) -> int:
         """Tokens llama.cpp will reuse from its KV cache (it always re-evaluates the last one)."""
@@ -207,6 +279,11 @@ class LlamaCppEngine:
     async def close(self) -> None:
         async with self._lock:
             self._llama.close()
+
+
+def _edge_whitespace(text: str) -> bool:
+    # Leading or trailing whitespace may merge with the template's own newlines.
+    return not text or text[0].isspace() or text[-1].isspace()
 
 
 def _translate(exc: BaseException) -> EngineError:

@@ -1,0 +1,110 @@
+"""The `memchat` command as a newcomer runs it: migrate, serve (real models), restart, reindex."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+MEMCHAT = [sys.executable, "-m", "app.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cli_env(data_dir: Path, port: int = 8000) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCHAT_")}
+    env |= {
+        "MEMCHAT_DATA_DIR": str(data_dir),
+        "MEMCHAT_PORT": str(port),
+        "MEMCHAT_ENGINE__CONTEXT_WINDOW": "2048",
+        "HF_HUB_OFFLINE": "1",
+    }
+    return env
+
+
+@contextmanager
+def serving(data_dir: Path) -> Iterator[httpx.Client]:
+    port = free_port()
+    process = subprocess.Popen(
+        [*MEMCHAT, "serve"],
+        env=cli_env(data_dir, port),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("memchat serve did not become ready in 120 s")
+        with httpx.Client(base_url=base, timeout=120) as client:
+            yield client
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_migrate_creates_the_database(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*MEMCHAT, "migrate"], env=cli_env(tmp_path), capture_output=True, text=True, check=True
+    )
+    assert "database at revision 0001" in result.stdout
+    assert (tmp_path / "memchat.db").exists()
+
+
+@pytest.mark.model
+def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
+    tmp_path: Path,
+) -> None:
+    with serving(tmp_path) as client:
+        assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
+        session = client.post("/v1/sessions", json={"user_id": "zoe"}).json()
+        turn = client.post(
+            f"/v1/sessions/{session['id']}/messages",
+            json={"content": "My favourite colour is teal.", "max_tokens": 12, "temperature": 0},
+        )
+        assert turn.status_code == 200, turn.text
+        reply = turn.json()["reply"]["content"]
+        assert reply.strip()
+        schema = client.get("/schema/openapi.json").json()
+        assert "/v1/sessions/{session_id}/messages" in schema["paths"]
+
+    with serving(tmp_path) as client:
+        stored = client.get(f"/v1/sessions/{session['id']}/messages").json()["messages"]
+        assert [(m["role"], m["content"]) for m in stored] == [
+            ("user", "My favourite colour is teal."),
+            ("assistant", reply),
+        ]
+        found = client.post(
+            "/v1/memory/search", json={"user_id": "zoe", "query": "what colour do I like", "k": 1}
+        ).json()["results"]
+        assert [r["id"] for r in found] == [stored[0]["id"]]
+
+    result = subprocess.run(
+        [*MEMCHAT, "reindex"], env=cli_env(tmp_path), capture_output=True, text=True, check=True
+    )
+    assert "re-embedded and indexed 2 messages with all-MiniLM-L6-v2" in result.stdout
