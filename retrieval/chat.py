@@ -173,9 +173,8 @@ class ChatService:
         content_tokens = self._engine.count_tokens(content)
         self._check_fits(content_tokens, params)
         async with self._lock(session_id):
-            chat, recent = await self._session_and_recent(session_id)
+            chat, recent, vector = await self._load_and_embed(session_id, content)
             message = await self._persist_user_message(chat, content, content_tokens)
-            vector = (await self._memory.embed([content]))[0]
             hits = await self._search(
                 chat.user_pk, vector, {message.id, *(t.message_id for t in recent)}
             )
@@ -227,11 +226,17 @@ class ChatService:
         )
         return result.messages[0]
 
-    async def _session_and_recent(self, session_id: str) -> tuple[ChatSession, list[RecentTurn]]:
-        chat, _user, rows = await self._store.get_session_with_recent(
-            session_id, self._config.recent_window_messages
+    async def _load_and_embed(
+        self, session_id: str, content: str
+    ) -> tuple[ChatSession, list[RecentTurn], np.ndarray]:
+        """The session with its recent window, read while the new message is embedded."""
+        loaded, vectors = await asyncio.gather(
+            self._store.get_session_with_recent(session_id, self._config.recent_window_messages),
+            self._memory.embed([content]),
         )
-        return chat, [RecentTurn(r.id, r.role, r.name, r.content, r.token_count) for r in rows]
+        chat, _user, rows = loaded
+        recent = [RecentTurn(r.id, r.role, r.name, r.content, r.token_count) for r in rows]
+        return chat, recent, vectors[0]
 
     async def _search(self, user_pk: int, vector: np.ndarray, exclude: set[int]) -> list[ScoredId]:
         return await self._memory.search(user_pk, vector, self._config.retrieval_k, exclude)
@@ -264,8 +269,7 @@ class ChatService:
         """The context a message would get, without storing or generating anything."""
         self.validate_content(content)
         self._check_fits(self._engine.count_tokens(content), params)
-        chat, recent = await self._session_and_recent(session_id)
-        vector = (await self._memory.embed([content]))[0]
+        chat, recent, vector = await self._load_and_embed(session_id, content)
         hits = await self._search(chat.user_pk, vector, {t.message_id for t in recent})
         return self._assembler.assemble(
             new_message=content,

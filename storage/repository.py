@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -240,17 +240,30 @@ class Store:
     async def save_embeddings(
         self, model: str, dimension: int, vectors: Sequence[StoredVector]
     ) -> None:
+        """Store (or replace) the vectors of messages, in one transaction."""
+        if not vectors:
+            return
+        ids = [item.message_id for item in vectors]
         async with self._transaction() as session:
-            for item in vectors:
-                await session.merge(
-                    MessageEmbedding(
-                        message_id=item.message_id,
-                        user_pk=item.user_pk,
-                        model=model,
-                        dimension=dimension,
-                        vector=item.vector,
+            for start in range(0, len(ids), 500):
+                await session.execute(
+                    delete(MessageEmbedding).where(
+                        MessageEmbedding.message_id.in_(ids[start : start + 500])
                     )
                 )
+            await session.execute(
+                insert(MessageEmbedding),
+                [
+                    {
+                        "message_id": item.message_id,
+                        "user_pk": item.user_pk,
+                        "model": model,
+                        "dimension": dimension,
+                        "vector": item.vector,
+                    }
+                    for item in vectors
+                ],
+            )
 
     async def list_embedding_models(self) -> list[tuple[str, int]]:
         async with self._transaction() as session:

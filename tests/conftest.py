@@ -91,13 +91,17 @@ async def client(
 
 
 @pytest.fixture(scope="session")
-def real_embedder() -> Embedder:
-    from retrieval.embedders.sentence_transformers import (
-        SentenceTransformerEmbedder,
-        default_model_path,
-    )
+def onnx_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
 
-    return SentenceTransformerEmbedder(default_model_path(), "all-MiniLM-L6-v2")
+
+@pytest.fixture(scope="session")
+def real_embedder(onnx_cache_dir: Path) -> Embedder:
+    """The default embedder: all-MiniLM-L6-v2 from its package, run by ONNX Runtime."""
+    from retrieval.embedders.onnx import OnnxEmbedder
+    from retrieval.embedders.sentence_transformers import default_model_path
+
+    return OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir)
 
 
 @pytest.fixture(scope="session")

@@ -101,10 +101,10 @@ class LlamaCppEngine:
     def _measure_message_overhead(self) -> dict[str, int] | None:
         """Template tokens per message role, if the template's token count is additive.
 
-        For templates like ChatML, the rendered prompt's token count is a constant plus,
-        per message, a per-role constant plus its content's tokens, because special
-        tokens separate the messages. Measured here, then checked on a probe
-        conversation; a template where it does not hold falls back to full rendering.
+        `prompt_tokens` tokenises each content on its own, so for templates like ChatML
+        the count is a constant plus, per message, a per-role constant plus its content's
+        tokens. Measured here, then checked on a probe conversation; for a template where
+        it does not hold, every count renders and tokenises the whole prompt.
         """
         x = ChatMessage("system", "x")
         base = self._full_count([x])
@@ -170,7 +170,7 @@ class LlamaCppEngine:
             overhead is None
             or not messages
             or messages[0].role != "system"  # the template would add its default one
-            or any(m.role not in overhead or _edge_whitespace(m.content) for m in messages)
+            or any(m.role not in overhead for m in messages)
         ):
             return self._full_count(messages)
         return self._additive_count(messages, overhead)
@@ -279,11 +279,6 @@ class LlamaCppEngine:
     async def close(self) -> None:
         async with self._lock:
             self._llama.close()
-
-
-def _edge_whitespace(text: str) -> bool:
-    # Leading or trailing whitespace may merge with the template's own newlines.
-    return not text or text[0].isspace() or text[-1].isspace()
 
 
 def _translate(exc: BaseException) -> EngineError:

@@ -1,0 +1,65 @@
+"""Every embedder adapter gives the same normalised vectors for the same model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrieval.embedders.onnx import OnnxEmbedder
+from retrieval.embedders.sentence_transformers import (
+    SentenceTransformerEmbedder,
+    default_model_path,
+)
+from retrieval.protocols import Embedder
+
+pytestmark = pytest.mark.model
+
+TEXTS = [
+    "I am allergic to peanuts.",
+    "我对花生过敏",
+    "我叫小明，我今年6岁了",
+    "When did Caroline go to the LGBTQ support group?" * 3,
+    "",
+    "ok",
+]
+
+
+@pytest.fixture(scope="module")
+def torch_embedder() -> Embedder:
+    return SentenceTransformerEmbedder(default_model_path(), "all-MiniLM-L6-v2")
+
+
+def test_onnx_and_torch_adapters_agree(real_embedder: Embedder, torch_embedder: Embedder) -> None:
+    onnx_vectors = real_embedder.embed(TEXTS)
+    torch_vectors = torch_embedder.embed(TEXTS)
+    assert onnx_vectors.shape == torch_vectors.shape == (len(TEXTS), 384)
+    assert onnx_vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(onnx_vectors, axis=1), 1.0, atol=1e-5)
+    cosines = (onnx_vectors * torch_vectors).sum(axis=1)
+    assert cosines.min() > 0.9999
+    assert real_embedder.model_name == torch_embedder.model_name == "all-MiniLM-L6-v2"
+    assert real_embedder.dimension == torch_embedder.dimension == 384
+
+
+def test_batches_keep_input_order(real_embedder: Embedder) -> None:
+    batch = real_embedder.embed(TEXTS)
+    one_by_one = np.stack([real_embedder.embed([t])[0] for t in TEXTS])
+    np.testing.assert_allclose(batch, one_by_one, atol=1e-5)
+    assert real_embedder.embed([]).shape == (0, 384)
+
+
+def test_similar_meaning_scores_higher(real_embedder: Embedder) -> None:
+    query, close, far = real_embedder.embed(
+        ["What food am I allergic to?", "I am allergic to peanuts.", "The train leaves at nine."]
+    )
+    assert float(query @ close) > float(query @ far) + 0.2
+
+
+def test_onnx_export_is_cached(onnx_cache_dir: Path, real_embedder: Embedder) -> None:
+    exported = list(onnx_cache_dir.glob("all-MiniLM-L6-v2-*.onnx"))
+    assert len(exported) == 1
+    before = exported[0].stat().st_mtime_ns
+    OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir)
+    assert exported[0].stat().st_mtime_ns == before
