@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import Settings
+from retrieval.errors import EmbeddingModelMismatchError
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session
 
@@ -174,3 +176,20 @@ async def test_turns_survive_a_restart_and_stay_searchable(
         assert [m["content"] for m in stored] == ["my boat is green", "I will remember that."]
         results = await search(client, "green boat", k=1)
         assert [r["id"] for r in results] == [stored[0]["id"]]
+
+
+async def test_start_with_another_embedding_model_is_refused(
+    settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
+) -> None:
+    app = create_app(settings, embedder=embedder, engine=engine)
+    async with AsyncTestClient(app=app) as client:
+        session = await create_session(client)
+        await import_history(client, session["id"], HISTORY[:1])
+
+    other = HashEmbedder(dimension=32, model_name="other-32")
+    app = create_app(settings, embedder=other, engine=engine)
+    # The test client runs the app's start-up in a task group, which wraps the error.
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with AsyncTestClient(app=app):
+            pass
+    assert caught.group_contains(EmbeddingModelMismatchError, match="run `memchat reindex`")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -93,6 +94,42 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
         schema = client.get("/schema/openapi.json").json()
         assert "/v1/sessions/{session_id}/messages" in schema["paths"]
 
+        # Generation runs off the event loop: probes answer while the engine is busy.
+        other = client.post("/v1/sessions", json={"user_id": "yan"}).json()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            long_turn = pool.submit(
+                client.post,
+                f"/v1/sessions/{other['id']}/messages",
+                json={"content": "Write a long poem about the sea.", "max_tokens": 200},
+            )
+            time.sleep(1.0)
+            assert client.get("/healthz", timeout=5).status_code == 200
+            assert not long_turn.done()
+            assert long_turn.result().status_code == 200
+
+        # The terminal chat, as a person would type into it.
+        chat = subprocess.run(
+            [
+                *MEMCHAT,
+                "chat",
+                "--url",
+                str(client.base_url),
+                "--user-id",
+                "zoe",
+                "--max-tokens",
+                "8",
+            ],
+            input="What is my favourite colour?\n\n",
+            env=cli_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert "(user zoe)" in chat.stdout
+        assert "assistant> " in chat.stdout
+        assert "2 memories used]" in chat.stdout  # the first session's two turns
+
     with serving(tmp_path) as client:
         stored = client.get(f"/v1/sessions/{session['id']}/messages").json()["messages"]
         assert [(m["role"], m["content"]) for m in stored] == [
@@ -100,11 +137,17 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
             ("assistant", reply),
         ]
         found = client.post(
-            "/v1/memory/search", json={"user_id": "zoe", "query": "what colour do I like", "k": 1}
+            "/v1/memory/search",
+            json={
+                "user_id": "zoe",
+                "query": "what colour do I like",
+                "k": 1,
+                "session_id": session["id"],
+            },
         ).json()["results"]
         assert [r["id"] for r in found] == [stored[0]["id"]]
 
     result = subprocess.run(
         [*MEMCHAT, "reindex"], env=cli_env(tmp_path), capture_output=True, text=True, check=True
     )
-    assert "re-embedded and indexed 2 messages with all-MiniLM-L6-v2" in result.stdout
+    assert result.stdout.strip() == "re-embedded and indexed 6 messages with all-MiniLM-L6-v2"

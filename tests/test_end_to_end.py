@@ -144,3 +144,27 @@ def test_additive_prompt_count_matches_the_rendered_prompt(real_engine: Engine) 
     for size in range(1, len(conversation) + 1):
         messages = conversation[:size]
         assert real_engine.count_prompt_tokens(messages) == len(real_engine.prompt_tokens(messages))
+
+
+async def test_sampling_parameters_reach_the_engine(real_engine: Engine) -> None:
+    from retrieval.protocols import ChatMessage, SamplingParams
+
+    messages = [ChatMessage("system", "You tell stories."), ChatMessage("user", "Tell a story.")]
+    sampled = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=7)
+    first = await real_engine.generate(messages, sampled)
+    second = await real_engine.generate(messages, sampled)
+    assert first.text == second.text  # same seed, same text
+    greedy = await real_engine.generate(messages, SamplingParams(max_tokens=16, temperature=0))
+    assert (
+        greedy.text
+        == (await real_engine.generate(messages, SamplingParams(max_tokens=16, temperature=0))).text
+    )
+    assert greedy.completion_tokens <= 16
+    # A stop string cuts the reply before it.
+    words = greedy.text.split()
+    assert len(words) >= 3
+    stopped = await real_engine.generate(
+        messages, SamplingParams(max_tokens=16, temperature=0, stop=(words[2],))
+    )
+    assert words[2] not in stopped.text
+    assert greedy.text.startswith(stopped.text.rstrip())
