@@ -55,6 +55,7 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
             memories=report.sections.memories,
             recent=report.sections.recent,
             new_message=report.sections.new_message,
+            template=report.sections.template,
         ),
         prompt_tokens=report.prompt_tokens,
         context_window=report.context_window,

@@ -74,6 +74,7 @@ class SectionTokens(Struct):
     memories: int
     recent: int
     new_message: int
+    template: int
 
 
 class ContextReport(Struct):

@@ -52,10 +52,16 @@ class ContextBudget:
 
 @dataclass(frozen=True, slots=True)
 class SectionTokens:
+    """Prompt tokens per section; they add up to the whole prompt.
+
+    `template` is what the chat template adds beyond the messages (the reply's opening).
+    """
+
     system: int
     memories: int
     recent: int
     new_message: int
+    template: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,7 @@ class ContextAssembler:
         self._engine = engine
         self._system = ChatMessage("system", system_prompt)
         self._system_tokens = engine.count_prompt_tokens([self._system])
+        self._template_tokens = engine.count_prompt_tokens([])
         # Template tokens around one message's content (role markers, separators).
         probe = "x"
         self._overhead = (
@@ -139,21 +146,31 @@ class ContextAssembler:
             chosen_memories = chosen_memories[:-1]
             messages = self._layout(new_message, chosen_memories, chosen_recent)
             prompt_tokens = self._engine.count_prompt_tokens(messages)
-        recent_tokens = sum(self.message_tokens(t.token_count) for t in chosen_recent)
         report = ContextReport(
             memories=tuple(chosen_memories),
             recent_message_ids=tuple(t.message_id for t in chosen_recent),
-            sections=SectionTokens(
-                system=self._system_tokens,
-                memories=self._memory_section_tokens(chosen_memories),
-                recent=recent_tokens,
-                new_message=new_tokens,
-            ),
+            sections=self._sections(messages, len(chosen_recent), prompt_tokens),
             prompt_tokens=prompt_tokens,
             context_window=budget.context_window,
             reply_tokens_reserved=budget.reply_tokens,
         )
         return AssembledContext(messages=tuple(messages), report=report)
+
+    def _sections(
+        self, messages: Sequence[ChatMessage], num_recent: int, prompt_tokens: int
+    ) -> SectionTokens:
+        """Exact section sizes, as differences of whole-prompt counts of growing prefixes."""
+        count = self._engine.count_prompt_tokens
+        with_system = self._system_tokens
+        with_recent = count(messages[: 1 + num_recent])
+        with_memories = count(messages[:-1])
+        return SectionTokens(
+            system=with_system - self._template_tokens,
+            recent=with_recent - with_system,
+            memories=with_memories - with_recent,
+            new_message=prompt_tokens - with_memories,
+            template=self._template_tokens,
+        )
 
     def _memory_section_tokens(self, memories: Sequence[RetrievedMemory]) -> int:
         if not memories:

@@ -21,6 +21,10 @@ def turn(i: int, words: int) -> RecentTurn:
     return RecentTurn(i, "user" if i % 2 else "assistant", None, " ".join(["w"] * words), words)
 
 
+def vars_of(sections: object) -> dict[str, int]:
+    return {name: getattr(sections, name) for name in sections.__slots__}  # type: ignore[attr-defined]
+
+
 @pytest.fixture
 def assembler() -> ContextAssembler:
     return ContextAssembler(ScriptedEngine(context_window=200), "be helpful")
@@ -41,10 +45,13 @@ def test_layout_is_system_recent_memories_new(assembler: ContextAssembler) -> No
     assert report.recent_message_ids == (5, 6)
     assert [m.message_id for m in report.memories] == [1]
     # The scripted engine counts words plus 3 per message and 2 for the reply prompt.
-    assert report.sections.system == 2 + 3 + 2
+    assert report.sections.system == 2 + 3
     assert report.sections.new_message == 2 + 3
     assert report.sections.recent == 2 * (3 + 3)
+    assert report.sections.memories == len(context.messages[3].content.split()) + 3
+    assert report.sections.template == 2
     assert report.prompt_tokens == sum(len(m.content.split()) + 3 for m in context.messages) + 2
+    assert sum(vars_of(report.sections).values()) == report.prompt_tokens
 
 
 def test_oldest_recent_turns_are_dropped_to_fit(assembler: ContextAssembler) -> None:

@@ -59,6 +59,7 @@ async def test_real_turns_recall_across_sessions_and_survive_restart(
         assert memories[0]["text"] == "I am allergic to peanuts."
         assert memories[0]["session_id"] == first["id"]
         assert turn["usage"]["prompt_tokens"] == turn["context"]["prompt_tokens"]
+        assert sum(turn["context"]["tokens"].values()) == turn["context"]["prompt_tokens"]
 
         # Same session again: the prompt starts with the previous one's system prompt, so
         # llama.cpp reuses that part of its KV cache ...
@@ -69,7 +70,7 @@ async def test_real_turns_recall_across_sessions_and_survive_restart(
             )
         ).json()
         cached_again = again["usage"]["cached_prompt_tokens"]
-        assert cached_again >= turn["context"]["tokens"]["system"] - 4
+        assert cached_again >= turn["context"]["tokens"]["system"]
 
         streamed = await client.post(
             f"/v1/sessions/{second['id']}/messages",
