@@ -53,7 +53,7 @@ def percentile(values: list[float], share: float) -> float:
 def summary(name: str, values_s: list[float]) -> str:
     ms = [v * 1000 for v in values_s]
     return (
-        f"  {name:<28} p50 {statistics.median(ms):7.2f} ms   p95 {percentile(ms, 0.95):7.2f} ms"
+        f"  {name:<30} p50 {statistics.median(ms):7.2f} ms   p95 {percentile(ms, 0.95):7.2f} ms"
         f"   mean {statistics.fmean(ms):7.2f} ms"
     )
 
