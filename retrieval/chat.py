@@ -241,10 +241,15 @@ class ChatService:
     async def _search(self, user_pk: int, vector: np.ndarray, exclude: set[int]) -> list[ScoredId]:
         return await self._memory.search(user_pk, vector, self._config.retrieval_k, exclude)
 
+    async def _rows_of(
+        self, user_pk: int, hits: Sequence[ScoredId]
+    ) -> list[tuple[Message, ScoredId]]:
+        """The stored rows of search hits, best first; hits deleted meanwhile are dropped."""
+        found = await self._store.list_messages_by_id(user_pk, [h.id for h in hits])
+        rows = {m.id: m for m in found}
+        return [(rows[h.id], h) for h in hits if h.id in rows]
+
     async def _memories(self, user_pk: int, hits: Sequence[ScoredId]) -> list[RetrievedMemory]:
-        rows = {
-            m.id: m for m in await self._store.list_messages_by_id(user_pk, [h.id for h in hits])
-        }
         return [
             RetrievedMemory(
                 message_id=row.id,
@@ -257,8 +262,7 @@ class ChatService:
                 external_id=row.external_id,
                 token_count=row.token_count,
             )
-            for hit in hits
-            if (row := rows.get(hit.id)) is not None
+            for row, hit in await self._rows_of(user_pk, hits)
         ]
 
     # Without generation -------------------------------------------------------------
@@ -314,15 +318,17 @@ class ChatService:
         vector = (await self._memory.embed([query]))[0]
         fetch = sys.maxsize if session_id is not None else k
         hits = await self._memory.search(user.id, vector, fetch)
-        rows = {
-            m.id: m for m in await self._store.list_messages_by_id(user.id, [h.id for h in hits])
-        }
-        found = [
-            SearchHit(StoredTurn.from_row(row), hit.score)
-            for hit in hits
-            if (row := rows.get(hit.id)) is not None
-            and (session_id is None or row.session_id == session_id)
-        ]
+        found: list[SearchHit] = []
+        # With a session filter every hit is ranked; rows are read a page at a time.
+        page = k if session_id is None else max(4 * k, 200)
+        for start in range(0, len(hits), page):
+            found += [
+                SearchHit(StoredTurn.from_row(row), hit.score)
+                for row, hit in await self._rows_of(user.id, hits[start : start + page])
+                if session_id is None or row.session_id == session_id
+            ]
+            if len(found) >= k:
+                break
         return found[:k]
 
     async def delete_session(self, session_id: str) -> None:

@@ -93,31 +93,14 @@ class Store:
 
     async def get_session(self, session_id: str) -> tuple[ChatSession, User]:
         async with self._transaction() as session:
-            row = (
-                await session.execute(
-                    select(ChatSession, User)
-                    .join(User, User.id == ChatSession.user_pk)
-                    .where(ChatSession.id == session_id)
-                )
-            ).first()
-        if row is None:
-            raise NotFoundError("session", session_id)
-        return row[0], row[1]
+            return await _session_and_user(session, session_id)
 
     async def get_session_with_recent(
         self, session_id: str, num_recent: int
     ) -> tuple[ChatSession, User, list[Message]]:
         """A session, its user and its last `num_recent` messages (oldest first), in one read."""
         async with self._transaction() as session:
-            row = (
-                await session.execute(
-                    select(ChatSession, User)
-                    .join(User, User.id == ChatSession.user_pk)
-                    .where(ChatSession.id == session_id)
-                )
-            ).first()
-            if row is None:
-                raise NotFoundError("session", session_id)
+            chat, user = await _session_and_user(session, session_id)
             recent: list[Message] = []
             if num_recent > 0:
                 rows = await session.scalars(
@@ -127,7 +110,7 @@ class Store:
                     .limit(num_recent)
                 )
                 recent = list(reversed(rows.all()))
-        return row[0], row[1], recent
+        return chat, user, recent
 
     async def list_sessions(self, user_external_id: str) -> list[tuple[ChatSession, int]]:
         """Sessions of a user, oldest first, each with its number of messages."""
@@ -326,6 +309,19 @@ class Store:
     async def delete_all_embeddings(self) -> None:
         async with self._transaction() as session:
             await session.execute(delete(MessageEmbedding))
+
+
+async def _session_and_user(session: AsyncSession, session_id: str) -> tuple[ChatSession, User]:
+    row = (
+        await session.execute(
+            select(ChatSession, User)
+            .join(User, User.id == ChatSession.user_pk)
+            .where(ChatSession.id == session_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFoundError("session", session_id)
+    return row[0], row[1]
 
 
 async def _user_by_external_id(session: AsyncSession, external_id: str) -> User | None:
