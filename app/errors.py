@@ -12,6 +12,7 @@ from litestar.exceptions import HTTPException, ValidationException
 
 from retrieval.errors import (
     EmbeddingModelMismatchError,
+    EngineBusyError,
     EngineError,
     InvalidInputError,
 )
@@ -74,6 +75,24 @@ def _field_errors(exc: ValidationException) -> list[dict[str, str]]:
     return found
 
 
+class BadBodyError(Exception):
+    """A request body that is not JSON (400) or not of the documented shape (422)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def on_bad_body(request: Request[Any, Any, Any], exc: BadBodyError) -> Response[Any]:
+    if exc.status == 400:
+        return problem(request, 400, exc.message)
+    error = {"field": _field_of(exc.message, {}), "message": _MSGSPEC_PATH.sub("", exc.message)}
+    return problem(
+        request, 422, f"invalid request: {error['field']}: {error['message']}", errors=[error]
+    )
+
+
 def on_validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
     errors = _field_errors(exc)
     if not errors:
@@ -110,6 +129,15 @@ def on_engine(request: Request[Any, Any, Any], exc: EngineError) -> Response[Any
     )
 
 
+def on_engine_busy(request: Request[Any, Any, Any], exc: EngineBusyError) -> Response[Any]:
+    return problem(
+        request,
+        503,
+        f"the LLM engine is busy ({exc}); nothing was stored, retry later",
+        headers={"Retry-After": "2"},
+    )
+
+
 def on_database(request: Request[Any, Any, Any], exc: DatabaseUnavailableError) -> Response[Any]:
     log.error("database_unavailable", error=str(exc))
     return problem(request, 503, "the database is unavailable", headers={"Retry-After": "5"})
@@ -125,7 +153,12 @@ def on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any
     if isinstance(exc, ValidationException):
         return on_validation(request, exc)
     detail = exc.detail if exc.detail != HTTPStatus(exc.status_code).phrase else ""
-    return problem(request, exc.status_code, detail or HTTPStatus(exc.status_code).description)
+    return problem(
+        request,
+        exc.status_code,
+        detail or HTTPStatus(exc.status_code).description,
+        headers=dict(exc.headers or {}),  # e.g. Allow on 405
+    )
 
 
 def on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -136,9 +169,11 @@ def on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[A
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     ValidationException: on_validation,
+    BadBodyError: on_bad_body,
     InvalidInputError: on_invalid_input,
     NotFoundError: on_not_found,
     ConflictError: on_conflict,
+    EngineBusyError: on_engine_busy,
     EngineError: on_engine,
     DatabaseUnavailableError: on_database,
     EmbeddingModelMismatchError: on_model_mismatch,

@@ -22,6 +22,7 @@ from litestar.openapi import OpenAPIConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import EXCEPTION_HANDLERS
+from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
 from app.routes.health import healthz, readyz
 from app.routes.memory import MemoryController
 from app.routes.sessions import SamplingDefaults, SessionController
@@ -157,6 +158,7 @@ async def build_runtime(
             memory_share=settings.chat.memory_share,
             max_content_chars=settings.chat.max_content_chars,
             max_import_messages=settings.chat.max_import_messages,
+            max_pending_turns=settings.chat.max_pending_turns,
         ),
     )
     return Runtime(db_engine, store, embedder, engine, memory, chat, owns_engine)
@@ -207,6 +209,14 @@ def create_app(
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
-        openapi_config=OpenAPIConfig(title="memchat", version="0.1.0", path="/schema"),
+        openapi_config=OpenAPIConfig(
+            title="memchat",
+            version="0.1.0",
+            path="/schema",
+            render_plugins=[
+                ContractJsonRenderPlugin(settings),
+                ContractSwaggerRenderPlugin(settings, path="/swagger"),
+            ],
+        ),
         request_max_body_size=settings.max_request_bytes,
     )

@@ -160,3 +160,19 @@ class ContextPreview(Struct):
 class Health(Struct):
     status: str
     checks: dict[str, str] = {}
+
+
+class FieldError(Struct):
+    field: str
+    message: str
+
+
+class ProblemDetails(Struct, omit_defaults=True):
+    """RFC 9457 problem details: every error answer has this body."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str
+    errors: list[FieldError] = []

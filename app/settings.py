@@ -51,6 +51,7 @@ class ChatSettings(BaseModel):
     memory_share: float = Field(0.25, ge=0, le=1)
     max_content_chars: int = Field(32_000, ge=1)
     max_import_messages: int = Field(1_000, ge=1)
+    max_pending_turns: int = Field(8, ge=1)
 
 
 class Settings(BaseSettings):

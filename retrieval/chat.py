@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import sys
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +24,7 @@ from retrieval.context import (
     RecentTurn,
     RetrievedMemory,
 )
-from retrieval.errors import ContextTooLongError, InvalidInputError
+from retrieval.errors import ContextTooLongError, EngineBusyError, InvalidInputError
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta
 from storage.models import ChatSession, Message, User
@@ -37,6 +38,8 @@ class ChatConfig:
     memory_share: float = 0.25
     max_content_chars: int = 32_000
     max_import_messages: int = 1_000
+    # Turns admitted at once (generating or waiting for the engine); more are refused.
+    max_pending_turns: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,21 @@ class ImportedMessage:
 TurnEvent = TurnStarted | TextDelta | TurnResult
 
 
+# Whitespace as JSON Schema patterns (ECMA-262 `\s`) define it, so that the documented
+# pattern and this check agree on what counts as blank.
+WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_BLANK = re.compile(f"^[{WHITESPACE}]*$")
+
+
+def is_blank(text: str) -> bool:
+    return _BLANK.match(text) is not None
+
+
+def max_reply_tokens(context_window: int) -> int:
+    """The most reply tokens a turn may reserve: half the window, the rest is for context."""
+    return max(1, context_window // 2)
+
+
 def as_utc(value: dt.datetime) -> dt.datetime:
     # SQLite drops the zone; everything is stored in UTC.
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
@@ -119,6 +137,7 @@ class ChatService:
         self._engine = engine
         self._assembler = assembler
         self._config = config
+        self._num_pending_turns = 0
         # Weak values: a lock lives while a turn holds it, so unknown ids leave nothing behind.
         self._session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
@@ -139,7 +158,7 @@ class ChatService:
         )
 
     def validate_content(self, content: str, field: str = "content") -> None:
-        if not content.strip():
+        if is_blank(content):
             raise InvalidInputError(field, f"{field} must not be empty")
         if len(content) > self._config.max_content_chars:
             raise InvalidInputError(
@@ -150,6 +169,13 @@ class ChatService:
 
     def _check_fits(self, content_tokens: int, params: SamplingParams) -> None:
         budget = self._budget(params)
+        limit = max_reply_tokens(budget.context_window)
+        if params.max_tokens > limit:
+            raise InvalidInputError(
+                "max_tokens",
+                f"max_tokens is {params.max_tokens}; at most {limit} (half the "
+                f"{budget.context_window}-token context window) may be reserved for the reply",
+            )
         need = self._assembler.fixed_tokens(content_tokens)
         if need + budget.reply_tokens > budget.context_window:
             raise ContextTooLongError(
@@ -172,6 +198,20 @@ class ChatService:
         self.validate_content(content)
         content_tokens = self._engine.count_tokens(content)
         self._check_fits(content_tokens, params)
+        if self._num_pending_turns >= self._config.max_pending_turns:
+            raise EngineBusyError(
+                f"{self._num_pending_turns} turns are already waiting for the engine"
+            )
+        self._num_pending_turns += 1
+        try:
+            async for event in self._run_admitted_turn(session_id, content, content_tokens, params):
+                yield event
+        finally:
+            self._num_pending_turns -= 1
+
+    async def _run_admitted_turn(
+        self, session_id: str, content: str, content_tokens: int, params: SamplingParams
+    ) -> AsyncIterator[TurnEvent]:
         async with self._lock(session_id):
             chat, recent, vector = await self._load_and_embed(session_id, content)
             message = await self._persist_user_message(chat, content, content_tokens)

@@ -36,3 +36,7 @@ class EngineTimeoutError(EngineError):
 
 class EngineUnavailableError(EngineError):
     """The LLM engine is not loaded or cannot be reached."""
+
+
+class EngineBusyError(EngineUnavailableError):
+    """Too many turns are already waiting for the engine; nothing was stored."""

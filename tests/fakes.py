@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
+import threading
 from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
@@ -60,6 +62,8 @@ class ScriptedEngine:
         self._replies = list(replies)
         self._context_window = context_window
         self.fail_with: EngineError | None = None
+        # When set, generation waits for it (set from another thread) before replying.
+        self.gate: threading.Event | None = None
         self.fail_after_tokens = fail_after_tokens
         self.prompts: list[list[ChatMessage]] = []
 
@@ -90,6 +94,8 @@ class ScriptedEngine:
         self, messages: Sequence[ChatMessage], params: SamplingParams
     ) -> AsyncIterator[TextDelta | Completion]:
         self.prompts.append(list(messages))
+        if self.gate is not None:
+            await asyncio.to_thread(self.gate.wait, 30)
         if self.fail_with is not None and self.fail_after_tokens is None:
             raise self.fail_with
         reply = self._replies[(len(self.prompts) - 1) % len(self._replies)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Response, get
 from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
 
 from app import schemas
 from storage.errors import StorageError
@@ -15,7 +16,11 @@ def healthz() -> schemas.Health:
     return schemas.Health(status="ok")
 
 
-@get("/readyz", tags=["health"])
+@get(
+    "/readyz",
+    tags=["health"],
+    responses={503: ResponseSpec(data_container=schemas.Health, description="Not ready.")},
+)
 async def readyz(state: State) -> Response[schemas.Health]:
     checks: dict[str, str] = {}
     runtime = state.get("runtime")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from litestar import Controller, post
+from typing import Any
+
+from litestar import Controller, Request, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
 from app import schemas
+from app.routes.body import strict_body
+from app.routes.problems import problems
 from retrieval.chat import ChatService
 from storage.errors import NotFoundError
 from storage.repository import Store
@@ -17,13 +20,14 @@ class MemoryController(Controller):
     path = "/v1/memory"
     tags = ["memory"]  # noqa: RUF012
 
-    @post("/search", status_code=HTTP_200_OK)
+    @post("/search", status_code=HTTP_200_OK, responses=problems(400, 404, 413, 422, 503))
     async def search(
         self,
-        data: JSONBody[schemas.SearchRequest],
+        request: Request[Any, Any, Any],
         store: NamedDependency[Store],
         chat_service: NamedDependency[ChatService],
     ) -> schemas.SearchResponse:
+        data = await strict_body(request, schemas.SearchRequest)
         user = await store.get_user(data.user_id)
         if data.session_id is not None:
             _chat, owner = await store.get_session(data.session_id)

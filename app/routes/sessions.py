@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import FromPath, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from app import schemas
 from app.convert import message_body, report_body, session_body, turn_body
 from app.errors import problem_body
+from app.routes.body import strict_body
+from app.routes.problems import problems
 from retrieval.chat import ChatService, ImportedMessage, StoredTurn, TurnEvent, TurnResult
 from retrieval.errors import EngineError
 from retrieval.protocols import SamplingParams, TextDelta
@@ -43,14 +45,15 @@ class SessionController(Controller):
     path = "/v1/sessions"
     tags = ["sessions"]  # noqa: RUF012
 
-    @post("/", status_code=HTTP_201_CREATED)
+    @post("/", status_code=HTTP_201_CREATED, responses=problems(400, 413, 422, 503))
     async def create_session(
-        self, data: JSONBody[schemas.SessionCreate], store: NamedDependency[Store]
+        self, request: Request[Any, Any, Any], store: NamedDependency[Store]
     ) -> schemas.Session:
+        data = await strict_body(request, schemas.SessionCreate)
         chat, user = await store.create_session(data.user_id, data.title, dict(data.metadata))
         return session_body(chat, user, 0)
 
-    @get("/")
+    @get("/", responses=problems(400, 422, 503))
     async def list_sessions(
         self,
         store: NamedDependency[Store],
@@ -62,25 +65,25 @@ class SessionController(Controller):
         rows = await store.list_sessions(user_id)
         return schemas.SessionList(sessions=[session_body(c, user, n) for c, n in rows])
 
-    @get("/{session_id:str}")
+    @get("/{session_id:str}", responses=problems(404, 503))
     async def get_session(
         self, session_id: FromPath[str], store: NamedDependency[Store]
     ) -> schemas.Session:
         chat, user = await store.get_session(session_id)
         return session_body(chat, user, await store.count_messages(session_id))
 
-    @delete("/{session_id:str}", status_code=HTTP_204_NO_CONTENT)
+    @delete("/{session_id:str}", status_code=HTTP_204_NO_CONTENT, responses=problems(404, 503))
     async def delete_session(
         self, session_id: FromPath[str], chat_service: NamedDependency[ChatService]
     ) -> None:
         await chat_service.delete_session(session_id)
 
-    @get("/{session_id:str}/messages")
+    @get("/{session_id:str}/messages", responses=problems(400, 404, 422, 503))
     async def list_messages(
         self,
         session_id: FromPath[str],
         store: NamedDependency[Store],
-        after_seq: Annotated[int, QueryParameter(ge=0)] = 0,
+        after_seq: Annotated[int, QueryParameter(ge=0, le=2**31 - 1)] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> schemas.MessageList:
         await store.get_session(session_id)
@@ -95,16 +98,18 @@ class SessionController(Controller):
                 data_container=schemas.Turn,
                 description="The turn; with `stream: true`, Server-Sent Events: `token` "
                 "events, then one `done` event carrying this same body (or one `error`).",
-            )
+            ),
+            **problems(400, 404, 413, 422, 503),
         },
     )
     async def post_message(
         self,
         session_id: FromPath[str],
-        data: JSONBody[schemas.MessageCreate],
+        request: Request[Any, Any, Any],
         chat_service: NamedDependency[ChatService],
         sampling: NamedDependency[SamplingDefaults],
     ) -> Response[schemas.Turn] | ServerSentEvent:
+        data = await strict_body(request, schemas.MessageCreate)
         params = sampling.params_for(data)
         if not data.stream:
             result = await chat_service.complete_turn(session_id, data.content, params)
@@ -114,13 +119,18 @@ class SessionController(Controller):
         await anext(events)
         return ServerSentEvent(_sse(events, session_id))
 
-    @post("/{session_id:str}/history", status_code=HTTP_201_CREATED)
+    @post(
+        "/{session_id:str}/history",
+        status_code=HTTP_201_CREATED,
+        responses=problems(400, 404, 409, 413, 422, 503),
+    )
     async def import_history(
         self,
         session_id: FromPath[str],
-        data: JSONBody[schemas.HistoryImport],
+        request: Request[Any, Any, Any],
         chat_service: NamedDependency[ChatService],
     ) -> schemas.HistoryImported:
+        data = await strict_body(request, schemas.HistoryImport)
         imported, skipped = await chat_service.import_history(
             session_id,
             [
@@ -136,14 +146,19 @@ class SessionController(Controller):
         )
         return schemas.HistoryImported(imported=imported, skipped=skipped)
 
-    @post("/{session_id:str}/context", status_code=HTTP_200_OK)
+    @post(
+        "/{session_id:str}/context",
+        status_code=HTTP_200_OK,
+        responses=problems(400, 404, 413, 422, 503),
+    )
     async def preview_context(
         self,
         session_id: FromPath[str],
-        data: JSONBody[schemas.ContextRequest],
+        request: Request[Any, Any, Any],
         chat_service: NamedDependency[ChatService],
         sampling: NamedDependency[SamplingDefaults],
     ) -> schemas.ContextPreview:
+        data = await strict_body(request, schemas.ContextRequest)
         params = SamplingParams(max_tokens=data.max_tokens or sampling.max_tokens)
         assembled = await chat_service.preview_context(session_id, data.content, params)
         return schemas.ContextPreview(

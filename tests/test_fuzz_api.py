@@ -1,0 +1,72 @@
+"""Schemathesis fuzzes every operation of the app's own OpenAPI schema on a live server.
+
+Any 5xx, any answer outside the documented status codes, content types or body schemas
+fails. Examples per operation are bounded so that `make test` stays quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.factory import create_app
+from app.settings import Settings
+from storage import migrate
+from storage.db import create_engine
+from tests.fakes import HashEmbedder, ScriptedEngine
+from tests.live import live_server
+
+MAX_EXAMPLES = 40
+
+
+async def _migrate(url: str) -> None:
+    engine = create_engine(url)
+    await migrate.upgrade(engine)
+    await engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def fuzz_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data_dir: Path = tmp_path_factory.mktemp("fuzz")
+    url = f"sqlite+aiosqlite:///{data_dir / 'memchat.db'}"
+    asyncio.run(_migrate(url))
+    app = create_app(
+        Settings(data_dir=data_dir, database_url=url),
+        embedder=HashEmbedder(),
+        # A window far above any valid message, so only real contract breaches fail.
+        engine=ScriptedEngine(["A short reply."], context_window=1_000_000),
+    )
+    with live_server(app) as base:
+        yield base
+
+
+def test_api_conforms_to_its_schema(fuzz_url: str) -> None:
+    # The schemathesis CLI, not its pytest plugin: it runs every phase (examples,
+    # coverage of boundaries and negative inputs, fuzzing, stateful links) with all checks.
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "schemathesis"),
+            "--config-file",
+            str(Path(__file__).parent / "schemathesis.toml"),
+            "run",
+            f"{fuzz_url}/schema/openapi.json",
+            "--checks",
+            "all",
+            "--max-examples",
+            str(MAX_EXAMPLES),
+            "--seed",
+            "20261130",
+            "--request-timeout",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
