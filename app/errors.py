@@ -16,7 +16,12 @@ from retrieval.errors import (
     EngineError,
     InvalidInputError,
 )
-from storage.errors import ConflictError, DatabaseUnavailableError, NotFoundError
+from storage.errors import (
+    ConflictError,
+    DatabaseUnavailableError,
+    InvalidDataError,
+    NotFoundError,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -138,6 +143,10 @@ def on_engine_busy(request: Request[Any, Any, Any], exc: EngineBusyError) -> Res
     )
 
 
+def on_invalid_data(request: Request[Any, Any, Any], exc: InvalidDataError) -> Response[Any]:
+    return problem(request, 422, f"the database refused a value: {exc}")
+
+
 def on_database(request: Request[Any, Any, Any], exc: DatabaseUnavailableError) -> Response[Any]:
     log.error("database_unavailable", error=str(exc))
     return problem(request, 503, "the database is unavailable", headers={"Retry-After": "5"})
@@ -175,6 +184,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ConflictError: on_conflict,
     EngineBusyError: on_engine_busy,
     EngineError: on_engine,
+    InvalidDataError: on_invalid_data,
     DatabaseUnavailableError: on_database,
     EmbeddingModelMismatchError: on_model_mismatch,
     HTTPException: on_http,

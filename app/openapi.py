@@ -97,6 +97,11 @@ def contract_document(
     document: dict[str, Any], settings: Settings, context_window: int
 ) -> dict[str, Any]:
     patched = copy.deepcopy(document)
+    patched["info"]["description"] = (
+        "Conversational memory for LLM chat. Bodies are strict JSON (no type coercion;"
+        " unknown fields are refused); text may not contain NUL (U+0000). Errors are RFC 9457"
+        " problem details."
+    )
     patched.setdefault("components", {}).setdefault("schemas", {}).update(
         body_schemas(settings, context_window)
     )

@@ -20,3 +20,7 @@ class ConflictError(StorageError):
 
 class DatabaseUnavailableError(StorageError):
     """The database could not be reached or refused the operation."""
+
+
+class InvalidDataError(StorageError):
+    """The database refused a value as invalid for its column."""

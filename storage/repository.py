@@ -10,10 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from storage.errors import ConflictError, DatabaseUnavailableError, NotFoundError
+from storage.errors import (
+    ConflictError,
+    DatabaseUnavailableError,
+    InvalidDataError,
+    NotFoundError,
+)
 from storage.models import ChatSession, Message, MessageEmbedding, User, utc_now
 
 
@@ -53,6 +58,8 @@ class Store:
                 yield session
         except IntegrityError as exc:
             raise ConflictError(str(exc.orig)) from exc
+        except DataError as exc:
+            raise InvalidDataError(str(exc.orig)) from exc
         except (OperationalError, DBAPIError, OSError) as exc:
             raise DatabaseUnavailableError(str(exc)) from exc
 

@@ -20,15 +20,24 @@ T = TypeVar("T")
 MAX_DEPTH = 64
 
 
-def _integral_floats_to_int(value: Any, depth: int = 0) -> Any:
+def _normalise(value: Any, path: str = "$", depth: int = 0) -> Any:
+    """Integral floats become ints; NUL characters (which PostgreSQL text cannot hold) refuse."""
     if depth > MAX_DEPTH:
         raise BadBodyError(422, f"the body nests deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BadBodyError(422, f"text must not contain NUL (U+0000) - at `{path}`")
+        return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, list):
-        return [_integral_floats_to_int(item, depth + 1) for item in value]
+        return [_normalise(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     if isinstance(value, dict):
-        return {key: _integral_floats_to_int(item, depth + 1) for key, item in value.items()}
+        normalised = {}
+        for key, item in value.items():
+            _normalise(key, path, depth + 1)
+            normalised[key] = _normalise(item, f"{path}.{key}", depth + 1)
+        return normalised
     return value
 
 
@@ -39,6 +48,6 @@ async def strict_body(request: Request[Any, Any, Any], struct: type[T]) -> T:
     except (msgspec.DecodeError, RecursionError) as exc:
         raise BadBodyError(400, f"the body is not valid JSON: {exc}") from exc
     try:
-        return msgspec.convert(_integral_floats_to_int(value), type=struct, strict=True)
+        return msgspec.convert(_normalise(value), type=struct, strict=True)
     except msgspec.ValidationError as exc:
         raise BadBodyError(422, str(exc)) from exc
