@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
+import pytest
 import uvicorn
 from litestar import Litestar
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -36,3 +37,58 @@ def live_server(app: Litestar) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+MEMCHAT = [sys.executable, "-m", "app.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cli_env(data_dir: Path, port: int = 8000) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCHAT_")}
+    env |= {
+        "MEMCHAT_DATA_DIR": str(data_dir),
+        "MEMCHAT_PORT": str(port),
+        "MEMCHAT_ENGINE__CONTEXT_WINDOW": "2048",
+        "HF_HUB_OFFLINE": "1",
+    }
+    return env
+
+
+@contextmanager
+def serving(data_dir: Path) -> Iterator[httpx.Client]:
+    """`memchat serve` as a process; the client's `process` attribute is the server."""
+    port = free_port()
+    process = subprocess.Popen(
+        [*MEMCHAT, "serve"],
+        env=cli_env(data_dir, port),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("memchat serve did not become ready in 120 s")
+        with httpx.Client(base_url=base, timeout=120) as client:
+            client.process = process  # type: ignore[attr-defined]
+            yield client
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
