@@ -78,6 +78,63 @@ def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _export(settings: Settings, user_id: str, output: str) -> int:
+    from app.backup import export_user
+    from storage.db import create_engine, create_sessionmaker
+    from storage.repository import Store
+
+    engine = create_engine(settings.resolved_database_url())
+    try:
+        lines = list(await export_user(Store(create_sessionmaker(engine)), user_id))
+    finally:
+        await engine.dispose()
+    if output == "-":
+        sys.stdout.buffer.writelines(lines)
+    else:
+        with open(output, "wb") as handle:
+            handle.writelines(lines)
+    return len(lines) - 1
+
+
+def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
+    asyncio.run(_migrate(settings, "head"))
+    num_records = asyncio.run(_export(settings, args.user_id, args.output))
+    print(f"exported {num_records} records of user {args.user_id!r}", file=sys.stderr)
+    return 0
+
+
+async def _import(settings: Settings, lines: list[bytes]) -> tuple[int, int, int]:
+    from app.backup import import_user
+    from app.factory import build_memory, load_embedder
+    from storage.db import create_engine, create_sessionmaker
+    from storage.repository import Store
+
+    engine = create_engine(settings.resolved_database_url())
+    try:
+        store = Store(create_sessionmaker(engine))
+        memory = build_memory(settings, store, load_embedder(settings))
+        await memory.check_model()
+        return await import_user(store, memory, lines)
+    finally:
+        await engine.dispose()
+
+
+def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
+    from app.backup import BackupFormatError
+
+    source = sys.stdin.buffer if args.path == "-" else open(args.path, "rb")  # noqa: SIM115
+    with source:
+        lines = source.readlines()
+    asyncio.run(_migrate(settings, "head"))
+    try:
+        sessions, messages, skipped = asyncio.run(_import(settings, lines))
+    except BackupFormatError as exc:
+        print(f"memchat import: {exc}", file=sys.stderr)
+        return 2
+    print(f"imported {sessions} sessions, {messages} messages; skipped {skipped} existing sessions")
+    return 0
+
+
 def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
     from app.terminal_chat import run_chat
 
@@ -99,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         "reindex", help="re-embed every stored turn and rebuild the vector index (server stopped)"
     )
     reindex.set_defaults(run=cmd_reindex)
+    export = commands.add_parser("export", help="write one user's memory as JSON Lines")
+    export.add_argument("--user-id", required=True)
+    export.add_argument("--output", default="-", help="file (default: standard output)")
+    export.set_defaults(run=cmd_export)
+    restore = commands.add_parser("import", help="restore an export (server stopped)")
+    restore.add_argument("path", help="export file, or - for standard input")
+    restore.set_defaults(run=cmd_import)
     chat = commands.add_parser("chat", help="chat in the terminal with a running server")
     chat.add_argument("--url", default=None, help="server URL (default from MEMCHAT_HOST/PORT)")
     chat.add_argument("--user-id", default="me")

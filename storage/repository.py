@@ -33,6 +33,19 @@ class NewMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class RestoredMessage:
+    """A message as exported: its place (seq) and time are kept, its id is not."""
+
+    seq: int
+    role: str
+    content: str
+    created_at: dt.datetime
+    token_count: int
+    name: str | None = None
+    external_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredVector:
     message_id: int
     user_pk: int
@@ -163,6 +176,62 @@ class Store:
             await session.execute(delete(Message).where(Message.session_id == session_id))
             await session.delete(chat)
             return ids
+
+    async def list_user_sessions(
+        self, user_external_id: str
+    ) -> list[tuple[ChatSession, list[Message]]]:
+        """Every session of a user with all its messages, both in order (for export)."""
+        async with self._transaction() as session:
+            chats = (
+                await session.scalars(
+                    select(ChatSession)
+                    .join(User, User.id == ChatSession.user_pk)
+                    .where(User.external_id == user_external_id)
+                    .order_by(ChatSession.created_at, ChatSession.id)
+                )
+            ).all()
+            found = []
+            for chat in chats:
+                rows = await session.scalars(
+                    select(Message).where(Message.session_id == chat.id).order_by(Message.seq)
+                )
+                found.append((chat, list(rows.all())))
+            return found
+
+    async def restore_session(
+        self,
+        user_external_id: str,
+        chat: ChatSession,
+        messages: Sequence[RestoredMessage],
+    ) -> list[Message] | None:
+        """Recreate an exported session as it was; None (and no change) if its id exists."""
+        async with self._transaction() as session:
+            if await session.get(ChatSession, chat.id) is not None:
+                return None
+            user = await _user_by_external_id(session, user_external_id)
+            if user is None:
+                user = User(external_id=user_external_id, created_at=utc_now())
+                session.add(user)
+                await session.flush()
+            chat.user_pk = user.id
+            session.add(chat)
+            rows = [
+                Message(
+                    session_id=chat.id,
+                    user_pk=user.id,
+                    seq=m.seq,
+                    role=m.role,
+                    name=m.name,
+                    content=m.content,
+                    created_at=m.created_at,
+                    external_id=m.external_id,
+                    token_count=m.token_count,
+                )
+                for m in messages
+            ]
+            session.add_all(rows)
+            await session.flush()
+            return rows
 
     # Messages -----------------------------------------------------------------------
 
