@@ -135,7 +135,9 @@ async def check_schema(db_engine: AsyncEngine) -> None:
 async def build_runtime(
     settings: Settings, *, embedder: Embedder | None = None, engine: Engine | None = None
 ) -> Runtime:
-    db_engine = create_engine(settings.resolved_database_url())
+    db_engine = create_engine(
+        settings.resolved_database_url(), timeout_s=settings.database_timeout_s
+    )
     await check_schema(db_engine)
     store = Store(create_sessionmaker(db_engine))
     owns_engine = engine is None

@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     data_dir: Path = Path("data")
     database_url: str | None = None
+    database_timeout_s: float = Field(30.0, gt=0)
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     embedder: EmbedderSettings = EmbedderSettings()

@@ -20,20 +20,28 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
 
 
-def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
-    """Create the async engine; SQLite gets its pragmas and its directory created."""
+def create_engine(url: str, *, timeout_s: float = 30.0, echo: bool = False) -> AsyncEngine:
+    """Create the async engine; every connection and statement is bounded by `timeout_s`.
+
+    SQLite gets its pragmas (its lock wait is its timeout) and its directory created.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, echo=echo)
+        engine = create_async_engine(url, echo=echo, connect_args={"timeout": timeout_s})
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
-    return create_async_engine(url, echo=echo, pool_pre_ping=True)
+    connect_args = {}
+    if parsed.get_driver_name() == "asyncpg":
+        connect_args = {"timeout": timeout_s, "command_timeout": timeout_s}
+    return create_async_engine(
+        url, echo=echo, pool_pre_ping=True, pool_timeout=timeout_s, connect_args=connect_args
+    )
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
