@@ -31,6 +31,8 @@ class Stats:
     statuses: dict[str, Counter[int]] = field(default_factory=lambda: defaultdict(Counter))
     # user -> content of every message the API acknowledged (2xx) as stored
     acknowledged: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    # client-side failures (no HTTP answer), by exception class
+    failures: Counter[str] = field(default_factory=Counter)
 
     def record(self, endpoint: str, started: float, status: int) -> None:
         self.latencies[endpoint].append(time.perf_counter() - started)
@@ -43,8 +45,9 @@ async def call(
     started = time.perf_counter()
     try:
         response = await client.request(method, url, json=body)
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
         stats.record(endpoint, started, 0)
+        stats.failures[f"{endpoint}: {type(exc).__name__} {exc}"[:120]] += 1
         return None
     stats.record(endpoint, started, response.status_code)
     return response
@@ -151,6 +154,8 @@ async def run(url: str, users: int, seconds: float) -> None:
             f"{percentile(ms, 0.95):8.1f} ms  p99 {percentile(ms, 0.99):8.1f} ms  [{statuses}]"
         )
     acknowledged = sum(len(v) for v in stats.acknowledged.values())
+    for failure, count in stats.failures.items():
+        print(f"  no answer x{count}: {failure}")
     print(f"acknowledged messages: {acknowledged}; lost: {lost}; duplicated: {duplicated}")
 
 
