@@ -38,8 +38,9 @@ async def test_full_engine_queue_answers_503_and_stores_nothing(
                 )
                 for s in sessions[:2]
             ]
-            while len(engine.prompts) < 2:  # both turns have reached the engine
-                await asyncio.sleep(0.02)
+            async with asyncio.timeout(30):
+                while len(engine.prompts) < 2:  # both turns have reached the engine
+                    await asyncio.sleep(0.02)
             refused = await client.post(
                 f"/v1/sessions/{sessions[2]}/messages", json={"content": "me too"}
             )
