@@ -24,7 +24,7 @@ from retrieval.context import (
     RecentTurn,
     RetrievedMemory,
 )
-from retrieval.errors import ContextTooLongError, EngineBusyError, InvalidInputError
+from retrieval.errors import EngineBusyError, InvalidInputError
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta
 from storage.models import ChatSession, Message, User
@@ -176,14 +176,7 @@ class ChatService:
                 f"max_tokens is {params.max_tokens}; at most {limit} (half the "
                 f"{budget.context_window}-token context window) may be reserved for the reply",
             )
-        need = self._assembler.fixed_tokens(content_tokens)
-        if need + budget.reply_tokens > budget.context_window:
-            raise ContextTooLongError(
-                "content",
-                f"the message takes {content_tokens} tokens; with the system prompt and "
-                f"{budget.reply_tokens} tokens reserved for the reply it exceeds the "
-                f"{budget.context_window}-token context window",
-            )
+        self._assembler.check_fits(content_tokens, budget)
 
     # One chat turn ----------------------------------------------------------------
 
@@ -215,16 +208,9 @@ class ChatService:
         async with self._lock(session_id):
             chat, recent, vector = await self._load_and_embed(session_id, content)
             message = await self._persist_user_message(chat, content, content_tokens)
-            hits = await self._search(
-                chat.user_pk, vector, {message.id, *(t.message_id for t in recent)}
-            )
+            exclude = {message.id, *(t.message_id for t in recent)}
+            context = await self._context(chat, recent, vector, content, params, exclude)
             await self._memory.index_messages([message], vector[None, :])
-            context = self._assembler.assemble(
-                new_message=content,
-                memories=await self._memories(chat.user_pk, hits),
-                recent=recent,
-                budget=self._budget(params),
-            )
             user_turn = StoredTurn.from_row(message)
             yield TurnStarted(user_turn, context)
             completion: Completion | None = None
@@ -278,8 +264,23 @@ class ChatService:
         recent = [RecentTurn(r.id, r.role, r.name, r.content, r.token_count) for r in rows]
         return chat, recent, vectors[0]
 
-    async def _search(self, user_pk: int, vector: np.ndarray, exclude: set[int]) -> list[ScoredId]:
-        return await self._memory.search(user_pk, vector, self._config.retrieval_k, exclude)
+    async def _context(
+        self,
+        chat: ChatSession,
+        recent: list[RecentTurn],
+        vector: np.ndarray,
+        content: str,
+        params: SamplingParams,
+        exclude: set[int],
+    ) -> AssembledContext:
+        """Search the user's past turns (less `exclude`) and assemble the prompt."""
+        hits = await self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude)
+        return self._assembler.assemble(
+            new_message=content,
+            memories=await self._memories(chat.user_pk, hits),
+            recent=recent,
+            budget=self._budget(params),
+        )
 
     async def _rows_of(
         self, user_pk: int, hits: Sequence[ScoredId]
@@ -314,13 +315,8 @@ class ChatService:
         self.validate_content(content)
         self._check_fits(self._engine.count_tokens(content), params)
         chat, recent, vector = await self._load_and_embed(session_id, content)
-        hits = await self._search(chat.user_pk, vector, {t.message_id for t in recent})
-        return self._assembler.assemble(
-            new_message=content,
-            memories=await self._memories(chat.user_pk, hits),
-            recent=recent,
-            budget=self._budget(params),
-        )
+        exclude = {t.message_id for t in recent}
+        return await self._context(chat, recent, vector, content, params, exclude)
 
     async def import_history(
         self, session_id: str, messages: Sequence[ImportedMessage]

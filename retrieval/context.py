@@ -110,9 +110,16 @@ class ContextAssembler:
     def message_tokens(self, content_tokens: int) -> int:
         return content_tokens + self._overhead
 
-    def fixed_tokens(self, new_message_tokens: int) -> int:
-        """Tokens that every prompt needs: the system prompt and the new message."""
-        return self._system_tokens + self.message_tokens(new_message_tokens)
+    def check_fits(self, new_message_tokens: int, budget: ContextBudget) -> None:
+        """Refuse a message that, with the system prompt and the reply, overflows the window."""
+        need = self._system_tokens + self.message_tokens(new_message_tokens)
+        if need + budget.reply_tokens > budget.context_window:
+            raise ContextTooLongError(
+                "content",
+                f"the message takes {new_message_tokens} tokens; with the system prompt and "
+                f"{budget.reply_tokens} tokens reserved for the reply it exceeds the "
+                f"{budget.context_window}-token context window",
+            )
 
     def assemble(
         self,
@@ -122,16 +129,10 @@ class ContextAssembler:
         recent: Sequence[RecentTurn],
         budget: ContextBudget,
     ) -> AssembledContext:
+        content_tokens = self._engine.count_tokens(new_message)
+        self.check_fits(content_tokens, budget)
         available = budget.context_window - budget.reply_tokens
-        new_tokens = self.message_tokens(self._engine.count_tokens(new_message))
-        fixed = self._system_tokens + new_tokens
-        if fixed > available:
-            raise ContextTooLongError(
-                "content",
-                f"the message takes {new_tokens} tokens; with the system prompt and "
-                f"{budget.reply_tokens} tokens reserved for the reply it exceeds the "
-                f"{budget.context_window}-token context window",
-            )
+        fixed = self._system_tokens + self.message_tokens(content_tokens)
         chosen_memories = self._fit_memories(memories, int(available * budget.memory_share))
         memory_tokens = self._memory_section_tokens(chosen_memories)
         chosen_recent = self._fit_recent(recent, available - fixed - memory_tokens)
