@@ -60,6 +60,7 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
         prompt_tokens=report.prompt_tokens,
         context_window=report.context_window,
         reply_tokens_reserved=report.reply_tokens_reserved,
+        prefix_reuse=report.prefix_reuse,
     )
 
 

@@ -84,6 +84,7 @@ class ContextReport(Struct):
     prompt_tokens: int
     context_window: int
     reply_tokens_reserved: int
+    prefix_reuse: int | None
 
 
 class Usage(Struct):

@@ -11,8 +11,9 @@ import datetime as dt
 import re
 import sys
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -113,6 +114,17 @@ def is_blank(text: str) -> bool:
     return _BLANK.match(text) is not None
 
 
+LAST_PROMPTS_KEPT = 1024
+
+
+def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many leading items two sequences share."""
+    for position, (a, b) in enumerate(zip(first, second, strict=False)):
+        if a != b:
+            return position
+    return min(len(first), len(second))
+
+
 def max_reply_tokens(context_window: int) -> int:
     """The most reply tokens a turn may reserve: half the window, the rest is for context."""
     return max(1, context_window // 2)
@@ -138,6 +150,8 @@ class ChatService:
         self._assembler = assembler
         self._config = config
         self._num_pending_turns = 0
+        # The last prompt of recent sessions, oldest first, to measure prefix reuse.
+        self._last_prompts: OrderedDict[str, list[int]] = OrderedDict()
         # Weak values: a lock lives while a turn holds it, so unknown ids leave nothing behind.
         self._session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
@@ -209,7 +223,9 @@ class ChatService:
             chat, recent, vector = await self._load_and_embed(session_id, content)
             message = await self._persist_user_message(chat, content, content_tokens)
             exclude = {message.id, *(t.message_id for t in recent)}
-            context = await self._context(chat, recent, vector, content, params, exclude)
+            context = await self._context(
+                chat, recent, vector, content, params, exclude, remember=True
+            )
             await self._memory.index_messages([message], vector[None, :])
             user_turn = StoredTurn.from_row(message)
             yield TurnStarted(user_turn, context)
@@ -272,15 +288,32 @@ class ChatService:
         content: str,
         params: SamplingParams,
         exclude: set[int],
+        *,
+        remember: bool,
     ) -> AssembledContext:
-        """Search the user's past turns (less `exclude`) and assemble the prompt."""
+        """Search the user's past turns (less `exclude`) and assemble the prompt.
+
+        The report says how many leading tokens the prompt shares with the session's
+        previous one; a turn (not a preview) then becomes that previous prompt.
+        """
         hits = await self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude)
-        return self._assembler.assemble(
+        context = self._assembler.assemble(
             new_message=content,
             memories=await self._memories(chat.user_pk, hits),
             recent=recent,
             budget=self._budget(params),
         )
+        tokens = self._engine.prompt_tokens(context.messages)
+        previous = self._last_prompts.get(chat.id)
+        if remember:
+            self._last_prompts[chat.id] = tokens
+            self._last_prompts.move_to_end(chat.id)
+            while len(self._last_prompts) > LAST_PROMPTS_KEPT:
+                self._last_prompts.popitem(last=False)
+        if previous is None:
+            return context
+        reuse = shared_prefix(previous, tokens)
+        return replace(context, report=replace(context.report, prefix_reuse=reuse))
 
     async def _rows_of(
         self, user_pk: int, hits: Sequence[ScoredId]
@@ -316,7 +349,7 @@ class ChatService:
         self._check_fits(self._engine.count_tokens(content), params)
         chat, recent, vector = await self._load_and_embed(session_id, content)
         exclude = {t.message_id for t in recent}
-        return await self._context(chat, recent, vector, content, params, exclude)
+        return await self._context(chat, recent, vector, content, params, exclude, remember=False)
 
     async def import_history(
         self, session_id: str, messages: Sequence[ImportedMessage]
@@ -372,3 +405,4 @@ class ChatService:
         async with self._lock(session_id):
             ids = await self._store.delete_session(session_id)
             await self._memory.forget(chat.user_pk, ids)
+            self._last_prompts.pop(session_id, None)

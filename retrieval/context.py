@@ -72,6 +72,9 @@ class ContextReport:
     prompt_tokens: int
     context_window: int
     reply_tokens_reserved: int
+    # Leading prompt tokens identical to the session's previous prompt (None: no previous
+    # prompt known to this process); what a prefix cache can reuse at best.
+    prefix_reuse: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,10 @@ def words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text)]
 
 
+def _word_id(word: str) -> int:
+    return 100 + int.from_bytes(hashlib.sha256(word.encode()).digest()[:3], "big")
+
+
 class HashEmbedder:
     """Bag of hashed words (and CJK characters): texts sharing words are similar."""
 
@@ -79,8 +83,16 @@ class ScriptedEngine:
         return len(text.split())
 
     def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        return len(self.prompt_tokens(messages))
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         # Three template tokens around each message, two for the generation prompt.
-        return sum(self.count_tokens(m.content) + 3 for m in messages) + 2
+        tokens: list[int] = []
+        for message in messages:
+            tokens += [1, _word_id(message.role)]
+            tokens += [_word_id(word) for word in message.content.split()]
+            tokens += [2]
+        return [*tokens, 1, 3]
 
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Completion:
         result: Completion | None = None

@@ -194,3 +194,25 @@ def parse_sse(text: str) -> list[tuple[str, str]]:
         if data:
             events.append((event, "\n".join(data)))
     return events
+
+
+async def test_prefix_reuse_counts_tokens_shared_with_the_previous_prompt(
+    client: AsyncTestClient, engine: ScriptedEngine
+) -> None:
+    session = await create_session(client)
+    url = f"/v1/sessions/{session['id']}/messages"
+    first = (await client.post(url, json={"content": "hello there"})).json()
+    assert first["context"]["prefix_reuse"] is None
+    second = (await client.post(url, json={"content": "second message"})).json()
+    # Prompt 1 is [system, user]; prompt 2 is [system, user, assistant, user]: they share
+    # both first messages and the opening token of the next one.
+    system_and_user = engine.count_prompt_tokens(engine.prompts[0]) - 2
+    assert second["context"]["prefix_reuse"] == system_and_user + 1
+    # A preview measures against the last turn's prompt without replacing it.
+    preview_url = f"/v1/sessions/{session['id']}/context"
+    previews = [
+        (await client.post(preview_url, json={"content": "third"})).json()["context"]
+        for _ in range(2)
+    ]
+    assert previews[0]["prefix_reuse"] == previews[1]["prefix_reuse"]
+    assert previews[0]["prefix_reuse"] > second["context"]["prefix_reuse"]

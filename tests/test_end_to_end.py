@@ -81,6 +81,12 @@ async def test_real_turns_recall_across_sessions_and_survive_restart(
         done = json.loads(events[-1][1])
         tokens = "".join(json.loads(data)["text"] for name, data in events if name == "token")
         assert tokens == done["reply"]["content"]
+        # The engine reuses at least the prefix shared with the previous prompt.
+        reuse = done["context"]["prefix_reuse"]
+        assert reuse > 0
+        assert done["usage"]["cached_prompt_tokens"] >= min(
+            reuse, done["usage"]["prompt_tokens"] - 1
+        )
         # ... and from the third turn on, the recent window too (append-only between turns).
         assert done["usage"]["cached_prompt_tokens"] >= cached_again + turn["reply"]["token_count"]
 

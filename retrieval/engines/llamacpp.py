@@ -73,7 +73,11 @@ class LlamaCppEngine:
             template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True
         )
         self._template_stop = [eos] if eos else []
-        self.count_tokens = functools.lru_cache(maxsize=65_536)(self._count_tokens)  # type: ignore[method-assign]
+        # Turns repeat the same texts (system prompt, recent window, template pieces): tokenise
+        # each once. Entries are small (a tuple of ints per distinct text).
+        cache = functools.lru_cache
+        self._tokenize_text = cache(maxsize=16_384)(self._tokenize_text)  # type: ignore[method-assign]
+        self._tokenize_template = cache(maxsize=256)(self._tokenize_template)  # type: ignore[method-assign]
         self._message_overhead = self._measure_message_overhead()
         self._model_name = model_name or model_path.stem
         self._timeout_s = timeout_s
@@ -93,9 +97,6 @@ class LlamaCppEngine:
         return int(self._llama.n_ctx())
 
     def count_tokens(self, text: str) -> int:
-        return self._count_tokens(text)
-
-    def _count_tokens(self, text: str) -> int:
         return len(self._tokenize_text(text))
 
     def _measure_message_overhead(self) -> dict[str, int] | None:
@@ -156,13 +157,14 @@ class LlamaCppEngine:
             if position % 2:
                 tokens += self._tokenize_text(messages[int(piece)].content)
             elif piece:
-                tokens += self._llama.tokenize(
-                    piece.encode("utf-8"), add_bos=position == 0, special=True
-                )
+                tokens += self._tokenize_template(piece, position == 0)
         return tokens
 
-    def _tokenize_text(self, text: str) -> list[int]:
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    def _tokenize_text(self, text: str) -> tuple[int, ...]:
+        return tuple(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def _tokenize_template(self, piece: str, is_first: bool) -> tuple[int, ...]:
+        return tuple(self._llama.tokenize(piece.encode("utf-8"), add_bos=is_first, special=True))
 
     def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
         overhead = self._message_overhead
