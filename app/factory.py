@@ -157,6 +157,7 @@ async def build_runtime(
         ChatConfig(
             retrieval_k=settings.chat.retrieval_k,
             recent_window_messages=settings.chat.recent_window_messages,
+            window_eviction_chunk=settings.chat.window_eviction_chunk,
             memory_share=settings.chat.memory_share,
             max_content_chars=settings.chat.max_content_chars,
             max_import_messages=settings.chat.max_import_messages,

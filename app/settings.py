@@ -48,6 +48,7 @@ class ChatSettings(BaseModel):
     system_prompt_file: Path = PROMPTS_DIR / "system.txt"
     retrieval_k: int = Field(5, ge=0, le=100)
     recent_window_messages: int = Field(20, ge=0)
+    window_eviction_chunk: int = Field(10, ge=1)
     memory_share: float = Field(0.25, ge=0, le=1)
     max_content_chars: int = Field(32_000, ge=1)
     max_import_messages: int = Field(1_000, ge=1)

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -23,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from _server import start_server
 
 
 @dataclass
@@ -108,28 +105,6 @@ async def verify(
         ids = [m["id"] for m in stored.json()["messages"]]
         duplicated += len(ids) - len(set(ids))
     return lost, duplicated
-
-
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCHAT_")}
-    env |= {"MEMCHAT_DATA_DIR": str(data_dir), "MEMCHAT_PORT": str(port),
-            "MEMCHAT_LOG_LEVEL": "warning"}  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve"], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("memchat serve did not become ready")
 
 
 async def run(url: str, users: int, seconds: float) -> None:

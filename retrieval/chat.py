@@ -36,6 +36,8 @@ from storage.repository import NewMessage, Store
 class ChatConfig:
     retrieval_k: int = 5
     recent_window_messages: int = 20
+    # The window sheds its oldest messages this many at a time (see window_start).
+    window_eviction_chunk: int = 10
     memory_share: float = 0.25
     max_content_chars: int = 32_000
     max_import_messages: int = 1_000
@@ -115,6 +117,19 @@ def is_blank(text: str) -> bool:
 
 
 LAST_PROMPTS_KEPT = 1024
+
+
+def window_start(num_messages: int, size: int, chunk: int) -> int:
+    """The recent window is the messages after this sequence number.
+
+    It moves only in steps of `chunk`, so between two steps the window grows by
+    appending and each prompt starts with the previous one; it then holds between
+    `size - chunk + 1` and `size` messages.
+    """
+    chunk = max(1, min(chunk, size))
+    if num_messages <= size:
+        return 0
+    return -(-(num_messages - size) // chunk) * chunk
 
 
 def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
@@ -277,7 +292,16 @@ class ChatService:
             self._memory.embed([content]),
         )
         chat, _user, rows = loaded
-        recent = [RecentTurn(r.id, r.role, r.name, r.content, r.token_count) for r in rows]
+        start = window_start(
+            rows[-1].seq if rows else 0,
+            self._config.recent_window_messages,
+            self._config.window_eviction_chunk,
+        )
+        recent = [
+            RecentTurn(r.id, r.role, r.name, r.content, r.token_count)
+            for r in rows
+            if r.seq > start
+        ]
         return chat, recent, vectors[0]
 
     async def _context(

@@ -1,0 +1,137 @@
+"""A scripted 60-turn conversation through the REST API with the CPU engine.
+
+Turn 1 states a constraint (a peanut allergy), the following turns talk of other things,
+the last asks for a snack. Per turn it prints prompt tokens, the share of the prompt
+shared with the previous prompt (`prefix_reuse`), the share the engine reused from its
+KV cache, the time to first streamed token, and whether the turn-1 message is in the
+assembled context (recent window or retrieved memories). Runs English and Chinese, and
+English again with the window shedding one turn at a time (no chunked eviction), to
+show what prefix stability is worth.
+
+    .venv/bin/python bench/long_chat.py [--turns 60] [--max-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from _server import start_server
+
+SCRIPTS = {
+    "en": (
+        "I am allergic to peanuts. Never suggest anything that contains peanuts.",
+        [
+            "What is a good name for a grey cat?", "How do I keep basil alive indoors?",
+            "Recommend a science-fiction novel.", "What is the capital of Australia?",
+            "How long should I boil an egg?", "Tell me a fun fact about octopuses.",
+            "How do I fix a squeaky door?", "What is a haiku?", "Explain what a leap year is.",
+            "Suggest a name for a rowing boat.", "How far is the Moon?",
+            "What should I pack for a weekend hike?",
+        ],
+        "Any idea for an afternoon snack?",
+    ),
+    "zh": (
+        "我对花生过敏，千万不要推荐任何含花生的东西。",
+        [
+            "给一只灰猫起个名字吧。", "室内怎么养罗勒？", "推荐一本科幻小说。",
+            "澳大利亚的首都是哪里？",
+            "鸡蛋要煮多久？", "讲一个关于章鱼的趣事。", "门吱吱响怎么修？", "什么是俳句？",
+            "解释一下闰年。", "给一条划艇起个名字。", "月球有多远？", "周末徒步要带什么？",
+        ],
+        "下午吃点什么零食好？",
+    ),
+}  # fmt: skip
+CHECKPOINTS = (20, 40, 60)
+
+
+def stream_turn(
+    client: httpx.Client, session: str, content: str, max_tokens: int
+) -> tuple[float, dict]:
+    started = time.perf_counter()
+    first_token = None
+    done: dict = {}
+    body = {"content": content, "stream": True, "max_tokens": max_tokens, "temperature": 0}
+    with client.stream("POST", f"/v1/sessions/{session}/messages", json=body) as response:
+        event = ""
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                event = line.partition(":")[2].strip()
+            elif line.startswith("data:"):
+                if event == "token" and first_token is None:
+                    first_token = time.perf_counter() - started
+                elif event == "done":
+                    done = json.loads(line.partition(":")[2])
+                elif event == "error":
+                    raise RuntimeError(line)
+    return (first_token if first_token is not None else time.perf_counter() - started), done
+
+
+def run_script(url: str, language: str, turns: int, max_tokens: int) -> dict[str, float]:
+    constraint, filler, last = SCRIPTS[language]
+    contents = [constraint] + [filler[i % len(filler)] for i in range(turns - 2)] + [last]
+    reuse_shares, cached_shares, ttfts, present = [], [], [], {}
+    with httpx.Client(base_url=url, timeout=300) as client:
+        session = client.post("/v1/sessions", json={"user_id": f"long-{language}"}).json()["id"]
+        constraint_id = None
+        print(f"\n[{language}] turn  prompt  reuse  cached  ttft_ms  constraint_in_context")
+        for number, content in enumerate(contents, 1):
+            ttft, done = stream_turn(client, session, content, max_tokens)
+            context = done["context"]
+            if number == 1:
+                constraint_id = done["message"]["id"]
+            in_context = constraint_id in context["recent_message_ids"] or any(
+                m["id"] == constraint_id for m in context["memories"]
+            )
+            prompt = done["usage"]["prompt_tokens"]
+            reuse = (context["prefix_reuse"] or 0) / prompt
+            cached = (done["usage"]["cached_prompt_tokens"] or 0) / prompt
+            if number > 1:
+                reuse_shares.append(reuse)
+                cached_shares.append(cached)
+                ttfts.append(ttft)
+            if number in CHECKPOINTS:
+                present[number] = in_context
+            print(f"[{language}] {number:4d}  {prompt:6d}  {reuse:5.2f}  {cached:6.2f}  "
+                  f"{ttft * 1000:7.0f}  {in_context}")  # fmt: skip
+    summary = {
+        "mean prefix reuse share (turns 2+)": statistics.fmean(reuse_shares),
+        "mean engine cache share (turns 2+)": statistics.fmean(cached_shares),
+        "median time to first token (ms)": statistics.median(ttfts) * 1000,
+    }
+    summary |= {f"constraint in context at turn {n}": float(p) for n, p in present.items()}
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--turns", type=int, default=60)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    runs = [("en", "10"), ("zh", "10"), ("en", "1")]
+    results = {}
+    for language, chunk in runs:
+        with tempfile.TemporaryDirectory() as data_dir:
+            process, url = start_server(
+                Path(data_dir), {"MEMCHAT_CHAT__WINDOW_EVICTION_CHUNK": chunk}
+            )
+            try:
+                results[(language, chunk)] = run_script(url, language, args.turns, args.max_tokens)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=60)
+    print()
+    for (language, chunk), summary in results.items():
+        print(f"{language}, window eviction chunk {chunk}:")
+        for name, value in summary.items():
+            print(f"  {name}: {value:.2f}")
+
+
+if __name__ == "__main__":
+    main()

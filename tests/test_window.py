@@ -1,0 +1,62 @@
+"""The recent window sheds old turns in chunks, so consecutive prompts share their prefix."""
+
+from __future__ import annotations
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from app.factory import create_app
+from app.settings import ChatSettings, Settings
+from retrieval.chat import window_start
+from tests.fakes import HashEmbedder, ScriptedEngine
+from tests.test_api_sessions import create_session
+
+
+@pytest.mark.parametrize(
+    ("size", "chunk", "starts"),
+    [
+        (4, 2, [0, 0, 0, 0, 0, 2, 2, 4, 4, 6, 6]),
+        (6, 4, [0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8]),
+        (3, 10, [0, 0, 0, 0, 3, 3, 3, 6]),  # a chunk larger than the window is the window
+        (0, 10, [0, 1, 2]),  # no window at all
+    ],
+)
+def test_window_start_moves_in_chunks(size: int, chunk: int, starts: list[int]) -> None:
+    assert [window_start(n, size, chunk) for n in range(len(starts))] == starts
+
+
+async def test_turns_between_two_evictions_extend_the_previous_prompt(
+    settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
+) -> None:
+    chunked = settings.model_copy(
+        update={"chat": ChatSettings(recent_window_messages=6, window_eviction_chunk=4)}
+    )
+    async with AsyncTestClient(create_app(chunked, embedder=embedder, engine=engine)) as client:
+        session = await create_session(client)
+        turns = [
+            (
+                await client.post(
+                    f"/v1/sessions/{session['id']}/messages", json={"content": f"turn {i}"}
+                )
+            ).json()
+            for i in range(7)
+        ]
+    seqs = {t["message"]["id"]: t["message"]["seq"] for t in turns}
+    seqs |= {t["reply"]["id"]: t["reply"]["seq"] for t in turns}
+    windows = [[seqs[i] for i in t["context"]["recent_message_ids"]] for t in turns]
+    assert windows == [
+        [],
+        [1, 2],
+        [1, 2, 3, 4],
+        [1, 2, 3, 4, 5, 6],
+        [5, 6, 7, 8],  # 8 messages before: the 4 oldest go at once
+        [5, 6, 7, 8, 9, 10],
+        [9, 10, 11, 12],
+    ]
+    # Between evictions each prompt begins with the previous one's system prompt and
+    # whole window (its retrieved memories and new message, last, may differ).
+    for turn in (1, 2, 3, 5):
+        stable = engine.prompts[turn - 1][: 1 + len(windows[turn - 1])]
+        assert turns[turn]["context"]["prefix_reuse"] >= engine.count_prompt_tokens(stable) - 2
+    for turn in (4, 6):
+        assert turns[turn]["context"]["prefix_reuse"] < turns[turn - 1]["context"]["prefix_reuse"]
