@@ -6,7 +6,7 @@ from app import schemas
 from retrieval import chat as chat_service
 from retrieval import context as ctx
 from retrieval.protocols import Completion
-from storage.models import ChatSession, User
+from storage.models import ChatSession, Fact, FactChange, User
 
 
 def session_body(chat: ChatSession, user: User, num_messages: int) -> schemas.Session:
@@ -36,6 +36,17 @@ def message_body(turn: chat_service.StoredTurn) -> schemas.Message:
 
 def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
     return schemas.ContextReport(
+        pinned_facts=[
+            schemas.PinnedFactUsed(
+                id=f.id,
+                text=f.text,
+                category=f.category,
+                priority=f.priority,
+                valid_from=f.valid_from,
+            )
+            for f in report.pinned_facts
+        ],
+        facts_omitted=list(report.facts_omitted),
         memories=[
             schemas.MemoryUsed(
                 kind="turn",
@@ -52,6 +63,8 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
         recent_message_ids=list(report.recent_message_ids),
         tokens=schemas.SectionTokens(
             system=report.sections.system,
+            facts=report.sections.facts,
+            summary=report.sections.summary,
             memories=report.sections.memories,
             recent=report.sections.recent,
             new_message=report.sections.new_message,
@@ -61,6 +74,9 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
         context_window=report.context_window,
         reply_tokens_reserved=report.reply_tokens_reserved,
         prefix_reuse=report.prefix_reuse,
+        summary_version=report.summary_version,
+        summary_through_seq=report.summary_through_seq,
+        pruned_message_ids=list(report.pruned_message_ids),
     )
 
 
@@ -80,4 +96,36 @@ def turn_body(result: chat_service.TurnResult) -> schemas.Turn:
         finish_reason=result.completion.finish_reason,
         context=report_body(result.context),
         usage=usage_body(result.completion),
+    )
+
+
+def fact_body(fact: Fact, user_id: str, history: list[FactChange] | None = None) -> schemas.Fact:
+    as_utc = chat_service.as_utc
+    return schemas.Fact(
+        id=fact.id,
+        user_id=user_id,
+        text=fact.text,
+        category=fact.category,
+        subject=fact.subject,
+        value=fact.value,
+        status=fact.status,
+        pinned=fact.is_pinned,
+        priority=fact.priority,
+        valid_from=as_utc(fact.valid_from),
+        valid_to=as_utc(fact.valid_to) if fact.valid_to else None,
+        source_message_ids=list(fact.source_message_ids),
+        created_at=as_utc(fact.created_at),
+        updated_at=as_utc(fact.updated_at),
+        history=None
+        if history is None
+        else [
+            schemas.FactChange(
+                action=c.action,
+                actor=c.actor,
+                changed_at=as_utc(c.changed_at),
+                before=c.before,
+                after=c.after,
+            )
+            for c in history
+        ],
     )

@@ -23,17 +23,33 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import EXCEPTION_HANDLERS
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
+from app.routes.facts import FactController
 from app.routes.health import healthz, readyz
 from app.routes.memory import MemoryController
 from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, Settings
 from retrieval.chat import ChatConfig, ChatService
 from retrieval.context import ContextAssembler
+from retrieval.facts.extract import rule_extractor
+from retrieval.facts.llm import LlmFactExtractor
+from retrieval.facts.service import FactMemory
+from retrieval.facts.worker import FactWorker
 from retrieval.memory import TurnMemory
-from retrieval.protocols import Embedder, Engine, VectorIndex
+from retrieval.protocols import (
+    Embedder,
+    Engine,
+    FactExtractor,
+    StructuredEngine,
+    Summarizer,
+    VectorIndex,
+)
+from retrieval.summary import ExtractiveSummarizer, LlmSummarizer
+from retrieval.window import WindowConfig, WindowKeeper
 from storage import migrate
 from storage.db import create_engine, create_sessionmaker
+from storage.facts import FactStore
 from storage.repository import Store
+from storage.summaries import SummaryStore
 
 log = structlog.get_logger(__name__)
 
@@ -102,6 +118,8 @@ class Runtime:
     engine: Engine
     memory: TurnMemory
     chat: ChatService
+    facts: FactMemory
+    fact_worker: FactWorker | None
     owns_engine: bool = field(default=True)
 
 
@@ -121,6 +139,25 @@ def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
 
 def build_memory(settings: Settings, store: Store, embedder: Embedder) -> TurnMemory:
     return TurnMemory(store, embedder, build_index(settings, embedder))
+
+
+def build_fact_extractor(settings: Settings, engine: Engine) -> FactExtractor:
+    if settings.facts.extractor != "llm":
+        return rule_extractor()
+    if not isinstance(engine, StructuredEngine):
+        raise ValueError(
+            f"MEMCHAT_FACTS__EXTRACTOR=llm needs an engine with JSON-constrained output; "
+            f"{engine.model_name!r} has none"
+        )
+    instructions = settings.facts.prompt_file.read_text(encoding="utf-8").strip()
+    return LlmFactExtractor(engine, instructions)
+
+
+def build_summarizer(settings: Settings, engine: Engine) -> Summarizer:
+    if settings.chat.summarizer == "llm":
+        instructions = settings.chat.summary_prompt_file.read_text(encoding="utf-8").strip()
+        return LlmSummarizer(engine, instructions)
+    return ExtractiveSummarizer(engine.count_tokens)
 
 
 async def check_schema(db_engine: AsyncEngine) -> None:
@@ -149,25 +186,50 @@ async def build_runtime(
     await memory.check_model()
     await memory.repair_unembedded()
     system_prompt = settings.chat.system_prompt_file.read_text(encoding="utf-8").strip()
+    facts = FactMemory(
+        FactStore(store.sessionmaker),
+        build_fact_extractor(settings, engine),
+        memory.embed,
+        embedder.model_name,
+    )
+    worker = FactWorker(facts) if settings.facts.extractor != "none" else None
+    assembler = ContextAssembler(engine, system_prompt)
+    windows = WindowKeeper(
+        SummaryStore(store.sessionmaker),
+        build_summarizer(settings, engine),
+        assembler,
+        WindowConfig(
+            max_messages=settings.chat.recent_window_messages,
+            eviction_chunk=settings.chat.window_eviction_chunk,
+            eviction_share=settings.chat.window_eviction_share,
+        ),
+    )
     chat = ChatService(
         store,
         memory,
         engine,
-        ContextAssembler(engine, system_prompt),
+        assembler,
         ChatConfig(
             retrieval_k=settings.chat.retrieval_k,
-            recent_window_messages=settings.chat.recent_window_messages,
-            window_eviction_chunk=settings.chat.window_eviction_chunk,
+            summary_share=settings.chat.summary_share,
             memory_share=settings.chat.memory_share,
+            facts_share=settings.chat.facts_share,
             max_content_chars=settings.chat.max_content_chars,
             max_import_messages=settings.chat.max_import_messages,
             max_pending_turns=settings.chat.max_pending_turns,
         ),
+        windows=windows,
+        facts=facts,
+        on_new_messages=worker.notify if worker is not None else None,
     )
-    return Runtime(db_engine, store, embedder, engine, memory, chat, owns_engine)
+    if worker is not None:
+        await worker.start()
+    return Runtime(db_engine, store, embedder, engine, memory, chat, facts, worker, owns_engine)
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    if runtime.fact_worker is not None:
+        await runtime.fact_worker.stop()
     runtime.memory.save()
     if runtime.owns_engine:
         await runtime.engine.close()
@@ -193,6 +255,9 @@ def create_app(
     def provide_chat_service(state: State) -> ChatService:
         return state.runtime.chat
 
+    def provide_fact_memory(state: State) -> FactMemory:
+        return state.runtime.facts
+
     def provide_sampling() -> SamplingDefaults:
         return sampling
 
@@ -205,10 +270,11 @@ def create_app(
     dependencies: dict[str, Any] = {
         "store": Provide(provide_store, sync_to_thread=False),
         "chat_service": Provide(provide_chat_service, sync_to_thread=False),
+        "fact_memory": Provide(provide_fact_memory, sync_to_thread=False),
         "sampling": Provide(provide_sampling, sync_to_thread=False),
     }
     return Litestar(
-        route_handlers=[SessionController, MemoryController, healthz, readyz],
+        route_handlers=[SessionController, MemoryController, FactController, healthz, readyz],
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],

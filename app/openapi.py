@@ -18,7 +18,8 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
 from app import schemas
 from app.settings import Settings
-from retrieval.chat import WHITESPACE, max_reply_tokens
+from retrieval.chat import max_reply_tokens
+from retrieval.text import WHITESPACE
 
 STRUCTS = (
     schemas.SessionCreate,
@@ -35,6 +36,10 @@ STRUCTS = (
     schemas.ContextPreview,
     schemas.Health,
     schemas.ProblemDetails,
+    schemas.FactCreate,
+    schemas.FactUpdate,
+    schemas.Fact,
+    schemas.FactList,
 )
 # What msgspec accepts as a datetime: RFC 3339, the offset optional (then UTC). 29 February
 # is left out, as a pattern cannot tell leap years; the server still accepts it in them.
@@ -49,7 +54,10 @@ REQUEST_BODIES = {
     ("/v1/sessions/{session_id}/history", "post"): "HistoryImport",
     ("/v1/sessions/{session_id}/context", "post"): "ContextRequest",
     ("/v1/memory/search", "post"): "SearchRequest",
+    ("/v1/users/{user_id}/facts", "post"): "FactCreate",
+    ("/v1/facts/{fact_id}", "patch"): "FactUpdate",
 }
+
 TEXT_FIELDS = {
     "MessageCreate": "content",
     "HistoryMessage": "content",
@@ -64,12 +72,14 @@ def body_schemas(settings: Settings, context_window: int) -> dict[str, Any]:
     )
     for name, schema in components.items():
         if name in ("SessionCreate", "MessageCreate", "HistoryMessage", "HistoryImport",
-                    "SearchRequest", "ContextRequest"):  # fmt: skip
+                    "SearchRequest", "ContextRequest", "FactCreate", "FactUpdate"):  # fmt: skip
             schema["additionalProperties"] = False
     for name, field in TEXT_FIELDS.items():
         components[name]["properties"][field].update(
             minLength=1, maxLength=settings.chat.max_content_chars, pattern=f"[^{WHITESPACE}]"
         )
+    for name in ("FactCreate", "FactUpdate"):
+        _string_option(components[name]["properties"]["text"])["pattern"] = f"[^{WHITESPACE}]"
     components["HistoryImport"]["properties"]["messages"]["maxItems"] = (
         settings.chat.max_import_messages
     )

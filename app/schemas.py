@@ -9,7 +9,9 @@ from msgspec import Meta, Struct
 
 UserId = Annotated[str, Meta(min_length=1, max_length=255)]
 Role = Literal["user", "assistant", "system"]
-Kind = Literal["turn"]
+Kind = Literal["turn", "fact"]
+FactCategory = Literal["identity", "constraint", "preference", "relationship", "plan", "other"]
+FactText = Annotated[str, Meta(min_length=1, max_length=2000)]
 
 
 class SessionCreate(Struct, forbid_unknown_fields=True):
@@ -71,13 +73,25 @@ class MemoryUsed(Struct):
 
 class SectionTokens(Struct):
     system: int
+    facts: int
+    summary: int
     memories: int
     recent: int
     new_message: int
     template: int
 
 
+class PinnedFactUsed(Struct):
+    id: int
+    text: str
+    category: str
+    priority: int
+    valid_from: dt.datetime
+
+
 class ContextReport(Struct):
+    pinned_facts: list[PinnedFactUsed]
+    facts_omitted: list[int]
     memories: list[MemoryUsed]
     recent_message_ids: list[int]
     tokens: SectionTokens
@@ -85,6 +99,9 @@ class ContextReport(Struct):
     context_window: int
     reply_tokens_reserved: int
     prefix_reuse: int | None
+    summary_version: int
+    summary_through_seq: int
+    pruned_message_ids: list[int]
 
 
 class Usage(Struct):
@@ -128,15 +145,19 @@ class SearchRequest(Struct, forbid_unknown_fields=True):
 
 
 class SearchResult(Struct):
+    """A turn (`kind: turn`) or a fact (`kind: fact`, with its category and source turns)."""
+
     kind: str
     id: int
-    session_id: str
-    external_id: str | None
-    role: str
-    name: str | None
     text: str
     score: float
     created_at: dt.datetime
+    session_id: str | None = None
+    external_id: str | None = None
+    role: str | None = None
+    name: str | None = None
+    category: str | None = None
+    source_message_ids: list[int] | None = None
 
 
 class SearchResponse(Struct):
@@ -177,3 +198,61 @@ class ProblemDetails(Struct, omit_defaults=True):
     detail: str
     instance: str
     errors: list[FieldError] = []
+
+
+class FactChange(Struct):
+    action: str
+    actor: str
+    changed_at: dt.datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+class Fact(Struct):
+    id: int
+    user_id: str
+    text: str
+    category: str
+    subject: str | None
+    value: str | None
+    status: str
+    pinned: bool
+    priority: int
+    valid_from: dt.datetime
+    valid_to: dt.datetime | None
+    source_message_ids: list[int]
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    history: list[FactChange] | None = None
+
+
+class FactList(Struct):
+    facts: list[Fact]
+
+
+class FactCreate(Struct, forbid_unknown_fields=True):
+    text: FactText
+    category: FactCategory | None = None
+    subject: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    pinned: bool | None = None
+    priority: Annotated[int, Meta(ge=-1000, le=1000)] | None = None
+
+
+class FactUpdate(Struct, forbid_unknown_fields=True):
+    text: FactText | None = None
+    pinned: bool | None = None
+    priority: Annotated[int, Meta(ge=-1000, le=1000)] | None = None
+
+
+class Summary(Struct):
+    version: int
+    through_seq: int
+    pruned_seqs: list[int]
+    text: str
+    summarizer: str
+    token_count: int
+    created_at: dt.datetime
+
+
+class SummaryList(Struct):
+    summaries: list[Summary]

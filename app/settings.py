@@ -47,12 +47,29 @@ class EngineSettings(BaseModel):
 class ChatSettings(BaseModel):
     system_prompt_file: Path = PROMPTS_DIR / "system.txt"
     retrieval_k: int = Field(5, ge=0, le=100)
-    recent_window_messages: int = Field(20, ge=0)
-    window_eviction_chunk: int = Field(10, ge=1)
+    # The recent window holds at most this many messages, and at most what its token
+    # budget allows; past either, small talk leaves first, then the oldest messages in
+    # one chunk (this many, or this share of the token budget), into the summary.
+    recent_window_messages: int = Field(100, ge=0)
+    window_eviction_chunk: int = Field(20, ge=1)
+    window_eviction_share: float = Field(0.25, gt=0, le=1)
+    # "extractive" needs no model; "llm" asks the engine (for capable engines).
+    summarizer: Literal["extractive", "llm"] = "extractive"
+    summary_prompt_file: Path = PROMPTS_DIR / "summarize.txt"
+    summary_share: float = Field(0.10, ge=0, le=1)
     memory_share: float = Field(0.25, ge=0, le=1)
+    # Share of the prompt budget that pinned facts may take; the rest are reported omitted.
+    facts_share: float = Field(0.15, ge=0, le=1)
     max_content_chars: int = Field(32_000, ge=1)
     max_import_messages: int = Field(1_000, ge=1)
     max_pending_turns: int = Field(8, ge=1)
+
+
+class FactSettings(BaseModel):
+    # "rules": the rule-based extractor (English and Chinese, no model); "llm": the engine
+    # answers in schema-constrained JSON (for capable models); "none": off.
+    extractor: Literal["rules", "llm", "none"] = "rules"
+    prompt_file: Path = PROMPTS_DIR / "extract_facts.txt"
 
 
 class Settings(BaseSettings):
@@ -71,6 +88,7 @@ class Settings(BaseSettings):
     index: IndexSettings = IndexSettings()
     engine: EngineSettings = EngineSettings()
     chat: ChatSettings = ChatSettings()
+    facts: FactSettings = FactSettings()
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -3,10 +3,12 @@
 Turn 1 states a constraint (a peanut allergy), the following turns talk of other things,
 the last asks for a snack. Per turn it prints prompt tokens, the share of the prompt
 shared with the previous prompt (`prefix_reuse`), the share the engine reused from its
-KV cache, the time to first streamed token, and whether the turn-1 message is in the
-assembled context (recent window or retrieved memories). Runs English and Chinese, and
-English again with the window shedding one turn at a time (no chunked eviction), to
-show what prefix stability is worth.
+KV cache, the time to first streamed token, whether the prompt stayed within the
+budget, and where the turn-1 constraint is in the assembled context: in the recent
+window, pinned as a key fact, in the session summary, or among retrieved memories.
+Runs English and Chinese with the default window (prefix-stable: it grows by appending
+and compacts in chunks), and English again with a 20-message window that slides one
+message at a time, to show what prefix stability is worth.
 
     .venv/bin/python bench/long_chat.py [--turns 60] [--max-tokens 16]
 """
@@ -73,23 +75,44 @@ def stream_turn(
     return (first_token if first_token is not None else time.perf_counter() - started), done
 
 
+def where_is(client: httpx.Client, session: str, user: str, done: dict, first_id: int) -> str:
+    """Where the turn-1 message is in this turn's context, if anywhere."""
+    context = done["context"]
+    places = []
+    if first_id in context["recent_message_ids"]:
+        places.append("window")
+    pinned = {f["id"] for f in context["pinned_facts"]}
+    facts = client.get(f"/v1/users/{user}/facts").json()["facts"]
+    if any(first_id in f["source_message_ids"] and f["id"] in pinned for f in facts):
+        places.append("pinned")
+    if context["summary_through_seq"] >= 1:
+        summaries = client.get(f"/v1/sessions/{session}/summaries").json()["summaries"]
+        text = summaries[-1]["text"] if summaries else ""
+        if "allerg" in text or "过敏" in text:
+            places.append("summary")
+    if any(m["id"] == first_id for m in context["memories"]):
+        places.append("memory")
+    return "+".join(places) or "-"
+
+
 def run_script(url: str, language: str, turns: int, max_tokens: int) -> dict[str, float]:
     constraint, filler, last = SCRIPTS[language]
     contents = [constraint] + [filler[i % len(filler)] for i in range(turns - 2)] + [last]
-    reuse_shares, cached_shares, ttfts, present = [], [], [], {}
+    reuse_shares, cached_shares, ttfts, present, over_budget = [], [], [], {}, 0
+    user = f"long-{language}"
     with httpx.Client(base_url=url, timeout=300) as client:
-        session = client.post("/v1/sessions", json={"user_id": f"long-{language}"}).json()["id"]
-        constraint_id = None
-        print(f"\n[{language}] turn  prompt  reuse  cached  ttft_ms  constraint_in_context")
+        session = client.post("/v1/sessions", json={"user_id": user}).json()["id"]
+        first_id = 0
+        print(f"\n[{language}] turn  prompt  reuse  cached  ttft_ms  constraint")
         for number, content in enumerate(contents, 1):
             ttft, done = stream_turn(client, session, content, max_tokens)
             context = done["context"]
             if number == 1:
-                constraint_id = done["message"]["id"]
-            in_context = constraint_id in context["recent_message_ids"] or any(
-                m["id"] == constraint_id for m in context["memories"]
-            )
+                first_id = done["message"]["id"]
+            place = where_is(client, session, user, done, first_id)
             prompt = done["usage"]["prompt_tokens"]
+            if prompt + context["reply_tokens_reserved"] > context["context_window"]:
+                over_budget += 1
             reuse = (context["prefix_reuse"] or 0) / prompt
             cached = (done["usage"]["cached_prompt_tokens"] or 0) / prompt
             if number > 1:
@@ -97,13 +120,14 @@ def run_script(url: str, language: str, turns: int, max_tokens: int) -> dict[str
                 cached_shares.append(cached)
                 ttfts.append(ttft)
             if number in CHECKPOINTS:
-                present[number] = in_context
+                present[number] = place != "-"
             print(f"[{language}] {number:4d}  {prompt:6d}  {reuse:5.2f}  {cached:6.2f}  "
-                  f"{ttft * 1000:7.0f}  {in_context}")  # fmt: skip
+                  f"{ttft * 1000:7.0f}  {place}")  # fmt: skip
     summary = {
         "mean prefix reuse share (turns 2+)": statistics.fmean(reuse_shares),
         "mean engine cache share (turns 2+)": statistics.fmean(cached_shares),
         "median time to first token (ms)": statistics.median(ttfts) * 1000,
+        "turns over budget": float(over_budget),
     }
     summary |= {f"constraint in context at turn {n}": float(p) for n, p in present.items()}
     return summary
@@ -114,21 +138,23 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
-    runs = [("en", "10"), ("zh", "10"), ("en", "1")]
+    sliding = {
+        "MEMCHAT_CHAT__RECENT_WINDOW_MESSAGES": "20",
+        "MEMCHAT_CHAT__WINDOW_EVICTION_CHUNK": "1",
+    }
+    runs = [("en", "stable", {}), ("zh", "stable", {}), ("en", "sliding", sliding)]
     results = {}
-    for language, chunk in runs:
+    for language, layout, env in runs:
         with tempfile.TemporaryDirectory() as data_dir:
-            process, url = start_server(
-                Path(data_dir), {"MEMCHAT_CHAT__WINDOW_EVICTION_CHUNK": chunk}
-            )
+            process, url = start_server(Path(data_dir), env)
             try:
-                results[(language, chunk)] = run_script(url, language, args.turns, args.max_tokens)
+                results[(language, layout)] = run_script(url, language, args.turns, args.max_tokens)
             finally:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
     print()
-    for (language, chunk), summary in results.items():
-        print(f"{language}, window eviction chunk {chunk}:")
+    for (language, layout), summary in results.items():
+        print(f"{language}, {layout} window:")
         for name, value in summary.items():
             print(f"  {name}: {value:.2f}")
 

@@ -1,10 +1,13 @@
-"""Memory overhead of one chat turn without generation: embed + search + assemble.
+"""Memory overhead of one chat turn without generation: embed + search + assemble;
+and what key-fact extraction costs, off the reply's path.
 
 Stores 1k, then 10k turns for one user (LoCoMo dialogue turns, cycled across sessions)
 on the real default stack (all-MiniLM-L6-v2, FAISS, SQLite, SmolLM2's tokenizer), then
 times `preview_context` (embed the new message, search the user's past turns, load the
 recent window and the retrieved rows, assemble the prompt) for LoCoMo questions.
-Prints p50/p95 of the whole and of each stage. A benchmark: nothing here is asserted.
+Prints p50/p95 of the whole and of each stage. Then the cost of fact extraction: per
+message in the background worker, and the latency of real chat turns (CPU engine, short
+replies, back to back) with extraction on and off. A benchmark: nothing here is asserted.
 
     .venv/bin/python bench/overhead.py [--queries 200] [--sizes 1000 10000]
 """
@@ -20,8 +23,9 @@ import time
 from pathlib import Path
 
 from app.factory import Runtime, build_runtime, close_runtime
-from app.settings import Settings
+from app.settings import FactSettings, Settings
 from retrieval.chat import ImportedMessage
+from retrieval.facts.extract import rule_extractor
 from retrieval.protocols import SamplingParams
 from storage import migrate
 from storage.db import create_engine
@@ -82,7 +86,7 @@ async def measure(
     user = (await runtime.store.get_session(session_id))[1]
     for question in questions[:10]:  # warm-up
         await runtime.chat.preview_context(session_id, question, params)
-    whole, embed, search, assemble_rest = [], [], [], []
+    whole, embed, search, assemble_rest, pinned = [], [], [], [], []
     for question in questions[:num_queries]:
         t0 = time.perf_counter()
         await runtime.chat.preview_context(session_id, question, params)
@@ -93,14 +97,65 @@ async def measure(
         t2 = time.perf_counter()
         await runtime.memory.search(user.id, vector, 5)
         t3 = time.perf_counter()
+        await runtime.facts.pinned(user.id)
+        t4 = time.perf_counter()
         embed.append(t2 - t1)
         search.append(t3 - t2)
+        pinned.append(t4 - t3)
         # SQL reads overlap the embedding in a turn, so this is what the turn adds beyond it.
         assemble_rest.append(max(0.0, whole[-1] - (t3 - t1)))
     print(summary("embed + search + assemble", whole))
     print(summary("  embed (MiniLM, 1 query)", embed))
     print(summary("  search (FAISS, k=5)", search))
     print(summary("  the rest: SQL reads, assemble", assemble_rest))
+    print(summary("  of which pinned facts read", pinned))
+
+
+async def measure_extraction(turns: list[tuple[str, str]], num_turns: int) -> None:
+    """Extraction per message, and chat-turn latency with the extractor on and off."""
+    extractor = rule_extractor()
+    texts = [text for _speaker, text in turns]
+    t0 = time.perf_counter()
+    found = sum(len(extractor.extract_now(text)) for text in texts)
+    per_message = (time.perf_counter() - t0) / len(texts)
+    print(
+        f"\nrule extractor: {per_message * 1e6:.0f} us per message, {found} candidate facts "
+        f"in {len(texts)} LoCoMo turns"
+    )
+    for kind in ("rules", "none", "rules", "none"):
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = Settings(data_dir=Path(tmp), facts=FactSettings(extractor=kind))
+            engine = create_engine(settings.resolved_database_url())
+            await migrate.upgrade(engine)
+            await engine.dispose()
+            runtime = await build_runtime(settings)
+            try:
+                await turn_latency(runtime, kind, texts, num_turns)
+            finally:
+                await close_runtime(runtime)
+
+
+async def turn_latency(runtime: Runtime, kind: str, texts: list[str], num_turns: int) -> None:
+    """Back-to-back turns: extraction of one turn (if on) overlaps the next turn."""
+    chat, user = await runtime.store.create_session("bench-facts", None, {})
+    params = SamplingParams(max_tokens=8, temperature=0)
+    statements = [
+        "I'm allergic to peanuts.", "I live in Lisbon.", "My name is Ana.", "I love jazz.",
+        "我对花生过敏", "我叫小明，我今年6岁了", "I work as a nurse.", "I hate horror movies.",
+    ]  # fmt: skip
+    latencies = []
+    for i in range(num_turns):
+        content = statements[i % len(statements)] if i % 2 == 0 else texts[i]
+        t0 = time.perf_counter()
+        await runtime.chat.complete_turn(chat.id, content, params)
+        latencies.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    if runtime.fact_worker is not None:
+        await runtime.fact_worker.drain()
+    drained = time.perf_counter() - t0
+    facts = await runtime.facts.store.list_facts(user.id)
+    print(summary(f"chat turn, extraction {kind:<5}", latencies[2:]))
+    print(f"    {len(facts)} active facts; worker drained {drained * 1000:.1f} ms after last reply")
 
 
 async def main() -> None:
@@ -108,6 +163,7 @@ async def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--chat-turns", type=int, default=30)
     args = parser.parse_args()
     turns, questions = load_locomo(args.data)
     print(f"LoCoMo: {len(turns)} turns, {len(questions)} questions; {args.queries} timed queries")
@@ -128,6 +184,7 @@ async def main() -> None:
                 await measure(runtime, session_id, questions, args.queries)
         finally:
             await close_runtime(runtime)
+    await measure_extraction(turns, args.chat_turns)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import re
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,19 +25,23 @@ from retrieval.context import (
     RetrievedMemory,
 )
 from retrieval.errors import EngineBusyError, InvalidInputError
+from retrieval.facts.service import FactMemory
 from retrieval.memory import TurnMemory
-from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta
-from storage.models import ChatSession, Message, User
+from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta, WindowTurn
+from retrieval.summary import SummaryState
+from retrieval.text import is_blank
+from retrieval.timeutil import as_utc
+from retrieval.window import WindowKeeper
+from storage.models import ChatSession, Message, SessionSummary, User
 from storage.repository import NewMessage, Store
 
 
 @dataclass(frozen=True, slots=True)
 class ChatConfig:
     retrieval_k: int = 5
-    recent_window_messages: int = 20
-    # The window sheds its oldest messages this many at a time (see window_start).
-    window_eviction_chunk: int = 10
     memory_share: float = 0.25
+    facts_share: float = 0.15
+    summary_share: float = 0.10
     max_content_chars: int = 32_000
     max_import_messages: int = 1_000
     # Turns admitted at once (generating or waiting for the engine); more are refused.
@@ -104,32 +107,10 @@ class ImportedMessage:
 
 
 TurnEvent = TurnStarted | TextDelta | TurnResult
-
-
-# Whitespace as JSON Schema patterns (ECMA-262 `\s`) define it, so that the documented
-# pattern and this check agree on what counts as blank.
-WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-_BLANK = re.compile(f"^[{WHITESPACE}]*$")
-
-
-def is_blank(text: str) -> bool:
-    return _BLANK.match(text) is not None
+LoadedWindow = tuple[SummaryState, list[WindowTurn]]
 
 
 LAST_PROMPTS_KEPT = 1024
-
-
-def window_start(num_messages: int, size: int, chunk: int) -> int:
-    """The recent window is the messages after this sequence number.
-
-    It moves only in steps of `chunk`, so between two steps the window grows by
-    appending and each prompt starts with the previous one; it then holds between
-    `size - chunk + 1` and `size` messages.
-    """
-    chunk = max(1, min(chunk, size))
-    if num_messages <= size:
-        return 0
-    return -(-(num_messages - size) // chunk) * chunk
 
 
 def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
@@ -145,11 +126,6 @@ def max_reply_tokens(context_window: int) -> int:
     return max(1, context_window // 2)
 
 
-def as_utc(value: dt.datetime) -> dt.datetime:
-    # SQLite drops the zone; everything is stored in UTC.
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-
-
 class ChatService:
     def __init__(
         self,
@@ -158,8 +134,16 @@ class ChatService:
         engine: Engine,
         assembler: ContextAssembler,
         config: ChatConfig,
+        *,
+        windows: WindowKeeper,
+        facts: FactMemory | None = None,
+        on_new_messages: Callable[[int], None] | None = None,
     ) -> None:
         self._store = store
+        self._windows = windows
+        self._facts = facts
+        # Told the user id after messages are stored (fact extraction runs off the path).
+        self._on_new_messages = on_new_messages or (lambda _user_pk: None)
         self._memory = memory
         self._engine = engine
         self._assembler = assembler
@@ -184,6 +168,8 @@ class ChatService:
             context_window=self._engine.context_window,
             reply_tokens=params.max_tokens,
             memory_share=self._config.memory_share,
+            facts_share=self._config.facts_share,
+            summary_share=self._config.summary_share,
         )
 
     def validate_content(self, content: str, field: str = "content") -> None:
@@ -235,11 +221,10 @@ class ChatService:
         self, session_id: str, content: str, content_tokens: int, params: SamplingParams
     ) -> AsyncIterator[TurnEvent]:
         async with self._lock(session_id):
-            chat, recent, vector = await self._load_and_embed(session_id, content)
+            chat, window, vector = await self._load_and_embed(session_id, content)
             message = await self._persist_user_message(chat, content, content_tokens)
-            exclude = {message.id, *(t.message_id for t in recent)}
             context = await self._context(
-                chat, recent, vector, content, params, exclude, remember=True
+                chat, window, vector, content, params, {message.id}, persist=True
             )
             await self._memory.index_messages([message], vector[None, :])
             user_turn = StoredTurn.from_row(message)
@@ -254,6 +239,7 @@ class ChatService:
                 raise RuntimeError("engine stream ended without a completion")
             reply = await self._persist_reply(chat, completion.text)
             await self._memory.index_messages([reply])
+            self._on_new_messages(chat.user_pk)
             yield TurnResult(user_turn, StoredTurn.from_row(reply), context.report, completion)
 
     async def complete_turn(
@@ -285,59 +271,73 @@ class ChatService:
 
     async def _load_and_embed(
         self, session_id: str, content: str
-    ) -> tuple[ChatSession, list[RecentTurn], np.ndarray]:
-        """The session with its recent window, read while the new message is embedded."""
-        loaded, vectors = await asyncio.gather(
-            self._store.get_session_with_recent(session_id, self._config.recent_window_messages),
+    ) -> tuple[ChatSession, LoadedWindow, np.ndarray]:
+        """The session with its window, read while the new message is embedded."""
+        (chat, _user), window, vectors = await asyncio.gather(
+            self._store.get_session(session_id),
+            self._windows.load(session_id),
             self._memory.embed([content]),
         )
-        chat, _user, rows = loaded
-        start = window_start(
-            rows[-1].seq if rows else 0,
-            self._config.recent_window_messages,
-            self._config.window_eviction_chunk,
-        )
-        recent = [
-            RecentTurn(r.id, r.role, r.name, r.content, r.token_count)
-            for r in rows
-            if r.seq > start
-        ]
-        return chat, recent, vectors[0]
+        return chat, window, vectors[0]
 
     async def _context(
         self,
         chat: ChatSession,
-        recent: list[RecentTurn],
+        window: LoadedWindow,
         vector: np.ndarray,
         content: str,
         params: SamplingParams,
         exclude: set[int],
         *,
-        remember: bool,
+        persist: bool,
     ) -> AssembledContext:
-        """Search the user's past turns (less `exclude`) and assemble the prompt.
+        """Keep the window within budget, search the user's past turns (less the window
+        and `exclude`), and assemble the prompt.
 
         The report says how many leading tokens the prompt shares with the session's
         previous one; a turn (not a preview) then becomes that previous prompt.
         """
+        budget = self._budget(params)
+        pinned = await self._facts.pinned(chat.user_pk) if self._facts is not None else []
+        state, turns = window
+        view = await self._windows.keep_within_budget(
+            chat.id,
+            state,
+            turns,
+            budget=budget,
+            pinned=pinned,
+            content_tokens=self._engine.count_tokens(content),
+            persist=persist,
+        )
+        recent = [
+            RecentTurn(t.message_id, t.role, t.name, t.text, t.token_count) for t in view.turns
+        ]
+        exclude = exclude | {t.message_id for t in recent}
         hits = await self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude)
         context = self._assembler.assemble(
             new_message=content,
             memories=await self._memories(chat.user_pk, hits),
             recent=recent,
-            budget=self._budget(params),
+            budget=budget,
+            pinned=pinned,
+            summary=view.state.text,
+        )
+        report = replace(
+            context.report,
+            summary_version=view.state.version,
+            summary_through_seq=view.state.through_seq,
+            pruned_message_ids=view.pruned_message_ids,
         )
         tokens = self._engine.prompt_tokens(context.messages)
         previous = self._last_prompts.get(chat.id)
-        if remember:
+        if persist:
             self._last_prompts[chat.id] = tokens
             self._last_prompts.move_to_end(chat.id)
             while len(self._last_prompts) > LAST_PROMPTS_KEPT:
                 self._last_prompts.popitem(last=False)
-        if previous is None:
-            return context
-        reuse = shared_prefix(previous, tokens)
-        return replace(context, report=replace(context.report, prefix_reuse=reuse))
+        if previous is not None:
+            report = replace(report, prefix_reuse=shared_prefix(previous, tokens))
+        return replace(context, report=report)
 
     async def _rows_of(
         self, user_pk: int, hits: Sequence[ScoredId]
@@ -371,9 +371,8 @@ class ChatService:
         """The context a message would get, without storing or generating anything."""
         self.validate_content(content)
         self._check_fits(self._engine.count_tokens(content), params)
-        chat, recent, vector = await self._load_and_embed(session_id, content)
-        exclude = {t.message_id for t in recent}
-        return await self._context(chat, recent, vector, content, params, exclude, remember=False)
+        chat, window, vector = await self._load_and_embed(session_id, content)
+        return await self._context(chat, window, vector, content, params, set(), persist=False)
 
     async def import_history(
         self, session_id: str, messages: Sequence[ImportedMessage]
@@ -402,7 +401,16 @@ class ChatService:
         async with self._lock(session_id):
             result = await self._store.add_messages(chat, new)
             await self._memory.index_messages(result.messages)
+        if result.messages:
+            self._on_new_messages(chat.user_pk)
         return len(result.messages), result.num_skipped
+
+    async def list_summaries(self, session_id: str) -> list[SessionSummary]:
+        return await self._windows.summaries.list_summaries(session_id)
+
+    async def embed_query(self, query: str) -> np.ndarray:
+        self.validate_content(query, "query")
+        return (await self._memory.embed([query]))[0]
 
     async def search(
         self, user: User, query: str, k: int, session_id: str | None = None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+import datetime as dt
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from retrieval.facts.model import CandidateFact
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +125,51 @@ class Engine(Protocol):
     ) -> AsyncIterator[TextDelta | Completion]: ...
 
     async def close(self) -> None: ...
+
+
+class FactExtractor(Protocol):
+    """Finds candidate key facts in one user message."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def extract(self, text: str) -> list[CandidateFact]: ...
+
+
+@runtime_checkable
+class StructuredEngine(Protocol):
+    """An engine that can constrain its reply to a JSON schema (a grammar in llama.cpp,
+    structured output in vLLM): the reply is JSON text matching `schema`, or the call
+    raises an `EngineError`."""
+
+    async def generate_json(
+        self, messages: Sequence[ChatMessage], schema: Mapping[str, Any], params: SamplingParams
+    ) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTurn:
+    """A stored message as the recent window and the summarizers see it."""
+
+    message_id: int
+    seq: int
+    role: str
+    name: str | None
+    text: str
+    token_count: int
+    created_at: dt.datetime
+
+    @property
+    def speaker(self) -> str:
+        return self.name or self.role
+
+
+class Summarizer(Protocol):
+    """Folds turns that leave the recent window into the session's running summary."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def summarize(
+        self, previous: str, turns: Sequence[WindowTurn], max_tokens: int
+    ) -> str: ...

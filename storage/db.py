@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+from storage.errors import ConflictError, DatabaseUnavailableError, InvalidDataError
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -46,3 +56,19 @@ def create_engine(url: str, *, timeout_s: float = 30.0, echo: bool = False) -> A
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@asynccontextmanager
+async def transaction(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> AsyncIterator[AsyncSession]:
+    """One transaction; driver errors leave as storage errors."""
+    try:
+        async with sessionmaker() as session, session.begin():
+            yield session
+    except IntegrityError as exc:
+        raise ConflictError(str(exc.orig)) from exc
+    except DataError as exc:
+        raise InvalidDataError(str(exc.orig)) from exc
+    except (OperationalError, DBAPIError, OSError) as exc:
+        raise DatabaseUnavailableError(str(exc)) from exc

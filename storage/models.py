@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -49,6 +50,8 @@ class User(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     external_id: Mapped[str] = mapped_column(String(255), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    # Key facts are extracted from this user's messages up to this id (see FactWorker).
+    facts_through_message_id: Mapped[int] = mapped_column(BigId, default=0, server_default="0")
 
 
 class ChatSession(Base):
@@ -103,3 +106,74 @@ class MessageEmbedding(Base):
     model: Mapped[str] = mapped_column(String(255))
     dimension: Mapped[int] = mapped_column(Integer)
     vector: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Fact(Base):
+    """A key fact about a user. Facts are never overwritten silently: every change
+    leaves a FactChange row, and a superseded fact keeps its row with `valid_to` set.
+
+    `subject` groups facts that exclude each other (one `home` at a time); a new active
+    fact with the subject of an active one supersedes it.
+    """
+
+    __tablename__ = "facts"
+    __table_args__ = (Index("ix_facts_user_pk_status", "user_pk", "status"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    user_pk: Mapped[int] = mapped_column(BigId, ForeignKey("users.id", ondelete="CASCADE"))
+    text: Mapped[str] = mapped_column(Text)
+    category: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    value: Mapped[str | None] = mapped_column(Text, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    is_pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    valid_from: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    valid_to: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    source_message_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    # The fact's text embedded for search, with the model that made it.
+    model: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    vector: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+
+class FactChange(Base):
+    """One change of a fact: who or what made it, when, and the fields before and after."""
+
+    __tablename__ = "fact_changes"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    fact_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("facts.id", ondelete="CASCADE"), index=True
+    )
+    action: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(64))
+    changed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class SessionSummary(Base):
+    """One version of a session's rolling summary and window state.
+
+    The recent window of the session is its messages after `through_seq`, less the
+    `pruned_seqs` (small talk dropped from the window); the summary text covers the
+    messages up to `through_seq`, which stay stored and retrievable. The newest version
+    is current; older ones are kept as history.
+    """
+
+    __tablename__ = "session_summaries"
+    __table_args__ = (UniqueConstraint("session_id", "version"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("chat_sessions.id", ondelete="CASCADE")
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    through_seq: Mapped[int] = mapped_column(Integer)
+    pruned_seqs: Mapped[list[int]] = mapped_column(JSON, default=list)
+    text: Mapped[str] = mapped_column(Text)
+    summarizer: Mapped[str] = mapped_column(String(64))
+    token_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)

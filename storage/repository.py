@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, text
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from storage.errors import (
-    ConflictError,
-    DatabaseUnavailableError,
-    InvalidDataError,
-    NotFoundError,
-)
+from storage.db import transaction
+from storage.errors import NotFoundError
 from storage.models import ChatSession, Message, MessageEmbedding, User, utc_now
 
 
@@ -64,17 +59,12 @@ class Store:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
 
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncSession]:
-        try:
-            async with self._sessionmaker() as session, session.begin():
-                yield session
-        except IntegrityError as exc:
-            raise ConflictError(str(exc.orig)) from exc
-        except DataError as exc:
-            raise InvalidDataError(str(exc.orig)) from exc
-        except (OperationalError, DBAPIError, OSError) as exc:
-            raise DatabaseUnavailableError(str(exc)) from exc
+    @property
+    def sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+        return self._sessionmaker
+
+    def _transaction(self) -> AbstractAsyncContextManager[AsyncSession]:
+        return transaction(self._sessionmaker)
 
     async def ping(self) -> None:
         async with self._transaction() as session:
@@ -92,15 +82,16 @@ class Store:
             raise NotFoundError("user", external_id)
         return user
 
+    async def ensure_user(self, external_id: str) -> User:
+        """The user, created if unknown (a client may state facts before any session)."""
+        async with self._transaction() as session:
+            return await _get_or_add_user(session, external_id)
+
     async def create_session(
         self, user_external_id: str, title: str | None, metadata: dict[str, Any]
     ) -> tuple[ChatSession, User]:
         async with self._transaction() as session:
-            user = await _user_by_external_id(session, user_external_id)
-            if user is None:
-                user = User(external_id=user_external_id, created_at=utc_now())
-                session.add(user)
-                await session.flush()
+            user = await _get_or_add_user(session, user_external_id)
             chat = ChatSession(
                 id=str(uuid.uuid4()),
                 user_pk=user.id,
@@ -208,11 +199,7 @@ class Store:
         async with self._transaction() as session:
             if await session.get(ChatSession, chat.id) is not None:
                 return None
-            user = await _user_by_external_id(session, user_external_id)
-            if user is None:
-                user = User(external_id=user_external_id, created_at=utc_now())
-                session.add(user)
-                await session.flush()
+            user = await _get_or_add_user(session, user_external_id)
             chat.user_pk = user.id
             session.add(chat)
             rows = [
@@ -402,6 +389,15 @@ async def _session_and_user(session: AsyncSession, session_id: str) -> tuple[Cha
 
 async def _user_by_external_id(session: AsyncSession, external_id: str) -> User | None:
     return await session.scalar(select(User).where(User.external_id == external_id))
+
+
+async def _get_or_add_user(session: AsyncSession, external_id: str) -> User:
+    user = await _user_by_external_id(session, external_id)
+    if user is None:
+        user = User(external_id=external_id, created_at=utc_now())
+        session.add(user)
+        await session.flush()
+    return user
 
 
 async def _known_external_ids(

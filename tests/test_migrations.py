@@ -14,7 +14,15 @@ from storage import migrate
 from storage.db import create_engine
 from storage.models import Base
 
-TABLES = {"users", "chat_sessions", "messages", "message_embeddings"}
+TABLES = {
+    "users",
+    "chat_sessions",
+    "messages",
+    "message_embeddings",
+    "facts",
+    "fact_changes",
+    "session_summaries",
+}
 
 
 def _tables(connection: Connection) -> set[str]:

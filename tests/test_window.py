@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import ChatSettings, Settings
-from retrieval.chat import window_start
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session
-
-
-@pytest.mark.parametrize(
-    ("size", "chunk", "starts"),
-    [
-        (4, 2, [0, 0, 0, 0, 0, 2, 2, 4, 4, 6, 6]),
-        (6, 4, [0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8]),
-        (3, 10, [0, 0, 0, 0, 3, 3, 3, 6]),  # a chunk larger than the window is the window
-        (0, 10, [0, 1, 2]),  # no window at all
-    ],
-)
-def test_window_start_moves_in_chunks(size: int, chunk: int, starts: list[int]) -> None:
-    assert [window_start(n, size, chunk) for n in range(len(starts))] == starts
 
 
 async def test_turns_between_two_evictions_extend_the_previous_prompt(

@@ -18,7 +18,14 @@ from app.convert import message_body, report_body, session_body, turn_body
 from app.errors import problem_body
 from app.routes.body import strict_body
 from app.routes.problems import problems
-from retrieval.chat import ChatService, ImportedMessage, StoredTurn, TurnEvent, TurnResult
+from retrieval.chat import (
+    ChatService,
+    ImportedMessage,
+    StoredTurn,
+    TurnEvent,
+    TurnResult,
+    as_utc,
+)
 from retrieval.errors import EngineError
 from retrieval.protocols import SamplingParams, TextDelta
 from storage.repository import Store
@@ -77,6 +84,31 @@ class SessionController(Controller):
         self, session_id: FromPath[str], chat_service: NamedDependency[ChatService]
     ) -> None:
         await chat_service.delete_session(session_id)
+
+    @get("/{session_id:str}/summaries", responses=problems(404, 503))
+    async def list_summaries(
+        self,
+        session_id: FromPath[str],
+        store: NamedDependency[Store],
+        chat_service: NamedDependency[ChatService],
+    ) -> schemas.SummaryList:
+        """Every version of the session's rolling summary, oldest first; the last is current."""
+        await store.get_session(session_id)
+        rows = await chat_service.list_summaries(session_id)
+        return schemas.SummaryList(
+            summaries=[
+                schemas.Summary(
+                    version=r.version,
+                    through_seq=r.through_seq,
+                    pruned_seqs=list(r.pruned_seqs),
+                    text=r.text,
+                    summarizer=r.summarizer,
+                    token_count=r.token_count,
+                    created_at=as_utc(r.created_at),
+                )
+                for r in rows
+            ]
+        )
 
     @get("/{session_id:str}/messages", responses=problems(400, 404, 422, 503))
     async def list_messages(

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import json
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +197,28 @@ class LlamaCppEngine:
             raise EngineError("generation ended without a completion")
         return completion
 
-    async def stream(
+    async def generate_json(
+        self, messages: Sequence[ChatMessage], schema: Mapping[str, Any], params: SamplingParams
+    ) -> str:
+        """A reply constrained by a grammar made from the JSON schema."""
+        from llama_cpp import LlamaGrammar
+
+        grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        completion: Completion | None = None
+        async for event in self._stream(messages, params, grammar):
+            if isinstance(event, Completion):
+                completion = event
+        if completion is None:  # pragma: no cover - stream always ends with one
+            raise EngineError("generation ended without a completion")
+        return completion.text
+
+    def stream(
         self, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> AsyncIterator[TextDelta | Completion]:
+        return self._stream(messages, params, None)
+
+    async def _stream(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, grammar: Any
     ) -> AsyncIterator[TextDelta | Completion]:
         tokens = self.prompt_tokens(messages)
         if len(tokens) + params.max_tokens > self.context_window:
@@ -211,7 +232,7 @@ class LlamaCppEngine:
         async with self._lock:
             cached = self._cached_prefix(tokens)
             worker = loop.run_in_executor(
-                None, self._generate_blocking, tokens, params, loop, queue, cancel
+                None, self._generate_blocking, tokens, params, grammar, loop, queue, cancel
             )
             pieces: list[str] = []
             finish_reason = "stop"
@@ -241,6 +262,7 @@ class LlamaCppEngine:
         self,
         tokens: list[int],
         params: SamplingParams,
+        grammar: Any,
         loop: asyncio.AbstractEventLoop,
         queue: asyncio.Queue[Any],
         cancel: threading.Event,
@@ -267,6 +289,7 @@ class LlamaCppEngine:
                 seed=params.seed,
                 stream=True,
                 stopping_criteria=StoppingCriteriaList([should_stop]),
+                grammar=grammar,
             )
             for chunk in chunks:
                 choice = chunk["choices"][0]

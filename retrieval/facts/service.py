@@ -1,0 +1,278 @@
+"""Key facts of a user: extraction from stored messages, keeping them current, search,
+and the pinned facts each prompt carries.
+
+Extraction reads a user's messages in id order after a per-user watermark kept in SQL,
+and moves the watermark in the transaction that stores the facts: a crash loses no
+message and repeats none, and two processes never extract the same message twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from retrieval.errors import InvalidInputError
+from retrieval.facts.model import (
+    CATEGORIES,
+    CandidateFact,
+    default_priority,
+    exclusive_key,
+    is_instruction,
+    is_pinned_by_default,
+    normalize,
+    statement,
+)
+from retrieval.protocols import FactExtractor
+from retrieval.text import is_blank
+from retrieval.timeutil import as_utc as utc
+from storage.facts import FactStore, NewFact, Resolution
+from storage.models import Fact, FactChange, Message
+
+log = structlog.get_logger(__name__)
+
+EXTRACT_BATCH_SIZE = 200
+# Facts of one category this similar (cosine of their statements) are one fact said twice.
+NEAR_DUPLICATE_SIMILARITY = 0.92
+
+Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedFact:
+    id: int
+    text: str
+    category: str
+    priority: int
+    valid_from: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FactHit:
+    fact: Fact
+    score: float
+
+
+def resolve(active: Sequence[Fact], new: NewFact) -> Resolution:
+    """Merge a fact said again, supersede what a newer statement replaces, and file an
+    older statement that arrives late (an import of old history) as already superseded."""
+    if new.subject:
+        key = exclusive_key(new.subject)
+        rivals = [f for f in active if f.subject and exclusive_key(f.subject) == key]
+        same = [f for f in rivals if _same_statement(f, new)]
+        if same:
+            return Resolution("merge", same[:1])
+        if not rivals:
+            return Resolution("insert")
+        newest = max(utc(f.valid_from) for f in rivals)
+        if utc(new.valid_from) < newest:
+            return Resolution("insert_superseded", rivals)
+        return Resolution("supersede", rivals)
+    same = [f for f in active if f.category == new.category and _same_statement(f, new)]
+    return Resolution("merge", same[:1]) if same else Resolution("insert")
+
+
+def _same_statement(fact: Fact, new: NewFact) -> bool:
+    if fact.subject and new.subject and fact.value is not None and new.value is not None:
+        return normalize(fact.value) == normalize(new.value)
+    if normalize(fact.text) == normalize(new.text):
+        return True
+    if fact.vector is None or new.vector is None or fact.model != new.model:
+        return False
+    a = np.frombuffer(fact.vector, dtype=np.float32)
+    b = np.frombuffer(new.vector, dtype=np.float32)
+    return a.shape == b.shape and float(a @ b) >= NEAR_DUPLICATE_SIMILARITY
+
+
+class FactMemory:
+    def __init__(
+        self,
+        facts: FactStore,
+        extractor: FactExtractor,
+        embed: Embed,
+        model_name: str,
+    ) -> None:
+        self._facts = facts
+        self._extractor = extractor
+        self._embed = embed
+        self._model_name = model_name
+
+    @property
+    def store(self) -> FactStore:
+        return self._facts
+
+    # Extraction ---------------------------------------------------------------------
+
+    async def extract_pending(self, user_pk: int) -> int:
+        """Extract facts from the user's messages after the watermark; returns how many
+        messages were read. Only the user's own turns are read for facts."""
+        num_read = 0
+        while True:
+            watermark = await self._facts.get_watermark(user_pk)
+            messages = await self._facts.list_user_messages_after(
+                user_pk, watermark, EXTRACT_BATCH_SIZE
+            )
+            if not messages:
+                return num_read
+            new_facts = await self._new_facts(messages)
+            stored = await self._facts.record_facts(
+                user_pk,
+                new_facts,
+                resolve,
+                f"extractor:{self._extractor.name}",
+                through_message_id=(watermark, messages[-1].id),
+            )
+            if stored is None:  # another process took this batch
+                continue
+            num_read += len(messages)
+
+    async def _new_facts(self, messages: Sequence[Message]) -> list[NewFact]:
+        found: list[tuple[CandidateFact, Message]] = []
+        for message in messages:
+            if message.role != "user":
+                continue
+            found += [(c, message) for c in await self._extractor.extract(message.content)]
+        if not found:
+            return []
+        texts = [statement(candidate) for candidate, _ in found]
+        vectors = await self._embed(texts)
+        return [
+            NewFact(
+                text=text,
+                category=candidate.category,
+                subject=candidate.subject,
+                value=candidate.value,
+                is_pinned=is_pinned_by_default(candidate.category),
+                priority=default_priority(candidate),
+                valid_from=utc(message.created_at),
+                source_message_ids=(message.id,),
+                model=self._model_name,
+                vector=vector.astype(np.float32).tobytes(),
+            )
+            for text, (candidate, message), vector in zip(texts, found, vectors, strict=True)
+        ]
+
+    # Facts a client states or corrects ----------------------------------------------
+
+    async def add_fact(
+        self,
+        user_pk: int,
+        text: str,
+        *,
+        category: str | None,
+        subject: str | None,
+        is_pinned: bool | None,
+        priority: int | None,
+        actor: str,
+    ) -> Fact:
+        _check_text(text)
+        category = category or "other"
+        if category not in CATEGORIES:
+            raise InvalidInputError("category", f"category must be one of {', '.join(CATEGORIES)}")
+        pinned = _check_pinnable(text, is_pinned, is_pinned_by_default(category))
+        vector = (await self._embed([text]))[0]
+        new = NewFact(
+            text=text,
+            category=category,
+            subject=subject,
+            value=text if subject else None,
+            is_pinned=pinned,
+            priority=priority if priority is not None else 0,
+            valid_from=dt.datetime.now(dt.UTC),
+            model=self._model_name,
+            vector=vector.astype(np.float32).tobytes(),
+        )
+        stored = await self._facts.record_facts(user_pk, [new], resolve, actor)
+        assert stored
+        return stored[0]
+
+    async def update_fact(
+        self,
+        fact_id: int,
+        *,
+        text: str | None,
+        is_pinned: bool | None,
+        priority: int | None,
+        actor: str,
+    ) -> Fact:
+        if text is not None:
+            _check_text(text)
+        fact, _user = await self._facts.get_fact(fact_id)
+        fields: dict[str, object] = {}
+        if text is not None and text != fact.text:
+            fields |= {"text": text, "model": self._model_name}
+            fields["vector"] = (await self._embed([text]))[0].astype(np.float32).tobytes()
+        if is_pinned is not None:
+            fields["is_pinned"] = _check_pinnable(text or fact.text, is_pinned, False)
+        elif text is not None and fact.is_pinned and is_instruction(text):
+            fields["is_pinned"] = False
+        if priority is not None:
+            fields["priority"] = priority
+        if not fields:
+            return fact
+        return await self._facts.update_fact(fact_id, actor, **fields)
+
+    async def delete_fact(self, fact_id: int, actor: str) -> Fact:
+        return await self._facts.delete_fact(fact_id, actor)
+
+    async def list_facts(
+        self, user_pk: int, statuses: Sequence[str], *, with_history: bool
+    ) -> tuple[list[Fact], dict[int, list[FactChange]]]:
+        facts = await self._facts.list_facts(user_pk, statuses)
+        history: dict[int, list[FactChange]] = {f.id: [] for f in facts}
+        if with_history:
+            for change in await self._facts.list_changes([f.id for f in facts]):
+                history[change.fact_id].append(change)
+        return facts, history
+
+    # Use ----------------------------------------------------------------------------
+
+    async def pinned(self, user_pk: int) -> list[PinnedFact]:
+        """Active pinned facts in prompt order: highest priority first, then oldest."""
+        facts = [f for f in await self._facts.list_facts(user_pk) if f.is_pinned]
+        facts.sort(key=lambda f: (-f.priority, f.id))
+        return [PinnedFact(f.id, f.text, f.category, f.priority, utc(f.valid_from)) for f in facts]
+
+    async def search(self, user_pk: int, vector: np.ndarray, k: int) -> list[FactHit]:
+        """Active facts by cosine similarity to the query, best first."""
+        facts = await self._facts.list_facts(user_pk)
+        await self._embed_missing(facts)
+        if not facts:
+            return []
+        matrix = np.stack([np.frombuffer(f.vector or b"", dtype=np.float32) for f in facts])
+        scores = matrix @ vector.astype(np.float32)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [FactHit(facts[i], float(scores[i])) for i in order]
+
+    async def _embed_missing(self, facts: Sequence[Fact]) -> None:
+        """Facts without a vector of the current model get one (after a model change)."""
+        stale = [f for f in facts if f.vector is None or f.model != self._model_name]
+        if not stale:
+            return
+        vectors = await self._embed([f.text for f in stale])
+        rows = []
+        for fact, vector in zip(stale, vectors, strict=True):
+            fact.vector = vector.astype(np.float32).tobytes()
+            fact.model = self._model_name
+            rows.append((fact.id, self._model_name, fact.vector))
+        await self._facts.save_vectors(rows)
+
+
+def _check_text(text: str) -> None:
+    if is_blank(text):
+        raise InvalidInputError("text", "text must not be empty")
+
+
+def _check_pinnable(text: str, wanted: bool | None, default: bool) -> bool:
+    if is_instruction(text):
+        if wanted:
+            raise InvalidInputError(
+                "pinned",
+                "the text reads as an instruction to the assistant; stored memory is data, "
+                "and such text is never pinned into the prompt",
+            )
+        return False
+    return default if wanted is None else wanted

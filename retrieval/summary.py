@@ -1,0 +1,223 @@
+"""The recent window and the rolling summary of what left it.
+
+A session's window is its messages after the summary's `through_seq`, less pruned small
+talk. It only grows, by appending, until it is over its budget (messages or tokens);
+then small talk goes first, and if that is not enough the oldest messages leave in one
+chunk and are compacted into the next summary version. Between compactions the prompt
+prefix (system prompt, pinned facts, summary, window) stays identical.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from retrieval.protocols import ChatMessage, Engine, SamplingParams, WindowTurn
+from retrieval.smalltalk import is_small_talk
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryState:
+    """The current summary version of a session (version 0: nothing compacted yet)."""
+
+    version: int = 0
+    through_seq: int = 0
+    pruned_seqs: frozenset[int] = frozenset()
+    text: str = ""
+    summarizer: str = ""
+    token_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPolicy:
+    max_messages: int
+    eviction_chunk: int
+    token_budget: int
+    # A token-triggered compaction leaves the window at (1 - share) of its budget.
+    eviction_share: float = 0.25
+    # The newest messages are never pruned.
+    keep_last: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    pruned_seqs: frozenset[int]
+    evicted: tuple[WindowTurn, ...] = ()
+    newly_pruned: tuple[WindowTurn, ...] = field(default=())
+
+    @property
+    def through_seq(self) -> int | None:
+        return self.evicted[-1].seq if self.evicted else None
+
+
+def plan_compaction(
+    window: Sequence[WindowTurn],
+    state: SummaryState,
+    policy: WindowPolicy,
+    message_tokens: Callable[[int], int],
+) -> Compaction:
+    """What leaves the window this turn: nothing while it is within budget; else small
+    talk (oldest first), and if still over budget the oldest messages in one chunk."""
+
+    def over(turns: Sequence[WindowTurn]) -> bool:
+        tokens = sum(message_tokens(t.token_count) for t in turns)
+        return len(turns) > policy.max_messages or tokens > policy.token_budget
+
+    pruned = {t.seq for t in window if t.seq in state.pruned_seqs}
+    live = [t for t in window if t.seq not in pruned]
+    if not over(live):
+        return Compaction(frozenset(pruned))
+    newly: list[WindowTurn] = []
+    prunable = live[: max(0, len(live) - policy.keep_last)]
+    for position, turn in enumerate(prunable):
+        if not over([t for t in live if t.seq not in pruned]):
+            break
+        if turn.seq in pruned or not is_small_talk(turn.text):
+            continue
+        # An exchange of small talk goes as a whole: the reply does not dangle.
+        exchange = [turn]
+        following = prunable[position + 1] if position + 1 < len(prunable) else None
+        if (
+            turn.role == "user"
+            and following is not None
+            and following.role == "assistant"
+            and is_small_talk(following.text)
+        ):
+            exchange.append(following)
+        pruned.update(t.seq for t in exchange)
+        newly.extend(exchange)
+    live = [t for t in live if t.seq not in pruned]
+    if not over(live):
+        return Compaction(frozenset(pruned), (), tuple(newly))
+    num_evicted = _num_to_evict(live, policy, message_tokens)
+    evicted = tuple(live[:num_evicted])
+    through = evicted[-1].seq if evicted else 0
+    return Compaction(frozenset(s for s in pruned if s > through), evicted, tuple(newly))
+
+
+def _num_to_evict(
+    live: Sequence[WindowTurn], policy: WindowPolicy, message_tokens: Callable[[int], int]
+) -> int:
+    by_count = 0
+    if len(live) > policy.max_messages:
+        chunk = max(1, policy.eviction_chunk)
+        by_count = math.ceil((len(live) - policy.max_messages) / chunk) * chunk
+    target = policy.token_budget * (1 - policy.eviction_share)
+    remaining = sum(message_tokens(t.token_count) for t in live)
+    by_tokens = 0
+    while by_tokens < len(live) and remaining > target:
+        remaining -= message_tokens(live[by_tokens].token_count)
+        by_tokens += 1
+    return min(len(live), max(by_count, by_tokens))
+
+
+# Summarizers --------------------------------------------------------------------------
+
+_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]*")
+_KEYWORDS = re.compile(
+    r"\b(?:allerg\w*|never|always|avoid|don't|do not|can't|cannot|prefer\w*|like|love|hate|"
+    r"dislike|must|need|want|plan\w*|remember|favou?rite|name|live|moved|work|birthday|"
+    r"deadline|appointment|meeting|goal)\b|过敏|不要|别|喜欢|讨厌|必须|需要|想要|计划|记住|最爱|"
+    r"名字|住在|搬|工作|生日|截止|约|目标",
+    re.IGNORECASE,
+)
+_ENTITY = re.compile(r"(?<=[a-z,;] )[A-Z][a-z]+")
+_NUMBER = re.compile(r"\d")
+_FIRST_PERSON = re.compile(r"\b(?:i|i'm|my|me)\b|我", re.IGNORECASE)
+MAX_SENTENCE_CHARS = 240
+SUMMARY_LINE = re.compile(r"^- \[(?P<date>[^\]]*)\] (?P<speaker>[^:]+): (?P<text>.*)$")
+
+
+def salience(sentence: str, role: str) -> int:
+    """How much a sentence carries that a later turn may need: constraints, preferences,
+    names, numbers and dates, what the user says of themselves."""
+    score = 3 * len(_KEYWORDS.findall(sentence))
+    score += 2 * bool(_NUMBER.search(sentence)) + 2 * bool(_ENTITY.search(sentence))
+    score += bool(_FIRST_PERSON.search(sentence))
+    return score - (role == "assistant")
+
+
+class ExtractiveSummarizer:
+    """Picks the sentences that carry facts, keeps them verbatim with date and speaker,
+    and drops the least salient lines when over budget. Needs no model."""
+
+    name = "extractive"
+
+    def __init__(self, count_tokens: Callable[[str], int]) -> None:
+        self._count_tokens = count_tokens
+
+    async def summarize(self, previous: str, turns: Sequence[WindowTurn], max_tokens: int) -> str:
+        lines = [line for line in previous.splitlines() if SUMMARY_LINE.match(line)]
+        for turn in turns:
+            if is_small_talk(turn.text):
+                continue
+            stamp = turn.created_at.strftime("%Y-%m-%d")
+            for sentence in _SENTENCE.findall(turn.text):
+                sentence = " ".join(sentence.split())[:MAX_SENTENCE_CHARS]
+                if sentence and salience(sentence, turn.role) > 0:
+                    lines.append(f"- [{stamp}] {turn.speaker}: {sentence}")
+        return "\n".join(self._fit(lines, max_tokens))
+
+    def _fit(self, lines: list[str], max_tokens: int) -> list[str]:
+        costs = [self._count_tokens(line) + 1 for line in lines]
+        total = sum(costs)
+        if total <= max_tokens:
+            return lines
+        order = sorted(range(len(lines)), key=lambda i: (_line_salience(lines[i]), i))
+        dropped: set[int] = set()
+        for index in order:
+            if total <= max_tokens:
+                break
+            dropped.add(index)
+            total -= costs[index]
+        return [line for i, line in enumerate(lines) if i not in dropped]
+
+
+def _line_salience(line: str) -> int:
+    match = SUMMARY_LINE.match(line)
+    if match is None:
+        return 0
+    role = "assistant" if match["speaker"] == "assistant" else "user"
+    return salience(match["text"], role)
+
+
+class LlmSummarizer:
+    """Asks the engine for the summary: the previous summary and the turns that left the
+    window in, the new summary out. For capable engines (a real model behind vLLM)."""
+
+    name = "llm"
+
+    def __init__(self, engine: Engine, instructions: str) -> None:
+        self._engine = engine
+        self._instructions = instructions
+
+    async def summarize(self, previous: str, turns: Sequence[WindowTurn], max_tokens: int) -> str:
+        summary = previous
+        for batch in self._batches(turns, max_tokens):
+            transcript = "\n".join(f"{t.speaker}: {t.text}" for t in batch)
+            messages = [
+                ChatMessage("system", self._instructions),
+                ChatMessage(
+                    "user",
+                    f"Summary so far:\n{summary or '(none)'}\n\nNew turns:\n{transcript}",
+                ),
+            ]
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+            summary = (await self._engine.generate(messages, params)).text.strip()
+        return summary
+
+    def _batches(self, turns: Sequence[WindowTurn], max_tokens: int) -> list[list[WindowTurn]]:
+        """Turns in batches whose transcript leaves room for the summary and the reply."""
+        room = max(1, self._engine.context_window - 3 * max_tokens - 200)
+        batches: list[list[WindowTurn]] = [[]]
+        used = 0
+        for turn in turns:
+            cost = turn.token_count + 8
+            if batches[-1] and used + cost > room:
+                batches.append([])
+                used = 0
+            batches[-1].append(turn)
+            used += cost
+        return [b for b in batches if b]

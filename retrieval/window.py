@@ -1,0 +1,140 @@
+"""A session's recent window, kept within budget by pruning and compaction (see
+retrieval.summary), with the state stored as summary versions in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from retrieval.context import ContextAssembler, ContextBudget
+from retrieval.facts.service import PinnedFact
+from retrieval.protocols import Summarizer, WindowTurn
+from retrieval.summary import SummaryState, WindowPolicy, plan_compaction
+from retrieval.timeutil import as_utc
+from storage.errors import ConflictError
+from storage.models import Message
+from storage.summaries import SummaryStore
+
+
+@dataclass(frozen=True, slots=True)
+class WindowConfig:
+    max_messages: int = 100
+    eviction_chunk: int = 20
+    eviction_share: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class WindowView:
+    state: SummaryState
+    turns: tuple[WindowTurn, ...]
+    pruned_message_ids: tuple[int, ...] = ()
+
+
+def window_turn(row: Message) -> WindowTurn:
+    return WindowTurn(
+        message_id=row.id,
+        seq=row.seq,
+        role=row.role,
+        name=row.name,
+        text=row.content,
+        token_count=row.token_count,
+        created_at=as_utc(row.created_at),
+    )
+
+
+class WindowKeeper:
+    def __init__(
+        self,
+        summaries: SummaryStore,
+        summarizer: Summarizer,
+        assembler: ContextAssembler,
+        config: WindowConfig,
+    ) -> None:
+        self._summaries = summaries
+        self._summarizer = summarizer
+        self._assembler = assembler
+        self._config = config
+
+    @property
+    def summaries(self) -> SummaryStore:
+        return self._summaries
+
+    async def load(self, session_id: str) -> tuple[SummaryState, list[WindowTurn]]:
+        """The current summary state and every message after it, oldest first."""
+        row = await self._summaries.get_current_or_none(session_id)
+        state = SummaryState()
+        if row is not None:
+            state = SummaryState(
+                version=row.version,
+                through_seq=row.through_seq,
+                pruned_seqs=frozenset(row.pruned_seqs),
+                text=row.text,
+                summarizer=row.summarizer,
+                token_count=row.token_count,
+            )
+        rows = await self._summaries.list_window(session_id, state.through_seq)
+        return state, [window_turn(r) for r in rows]
+
+    async def keep_within_budget(
+        self,
+        session_id: str,
+        state: SummaryState,
+        window: Sequence[WindowTurn],
+        *,
+        budget: ContextBudget,
+        pinned: Sequence[PinnedFact],
+        content_tokens: int,
+        persist: bool,
+    ) -> WindowView:
+        """Prune and compact if over budget; a turn stores the new summary version, a
+        preview only computes it."""
+        policy = WindowPolicy(
+            max_messages=self._config.max_messages,
+            eviction_chunk=self._config.eviction_chunk,
+            token_budget=self._assembler.window_budget(
+                budget, self._assembler.fit_facts(pinned, budget), content_tokens
+            ),
+            eviction_share=self._config.eviction_share,
+        )
+        plan = plan_compaction(window, state, policy, self._assembler.message_tokens)
+        if not plan.evicted and plan.pruned_seqs == state.pruned_seqs:
+            return _view(state, window)
+        text = state.text
+        if plan.evicted:
+            limit = budget.share(budget.summary_share)
+            text = await self._summarizer.summarize(state.text, plan.evicted, limit)
+        new_state = SummaryState(
+            version=state.version + 1,
+            through_seq=plan.through_seq or state.through_seq,
+            pruned_seqs=plan.pruned_seqs,
+            text=text,
+            summarizer=self._summarizer.name if plan.evicted else state.summarizer,
+            token_count=self._assembler.count_tokens(text) if text else 0,
+        )
+        if persist:
+            await self._store(session_id, new_state)
+        return _view(new_state, window)
+
+    async def _store(self, session_id: str, state: SummaryState) -> None:
+        try:
+            await self._summaries.add_summary(
+                session_id,
+                version=state.version,
+                through_seq=state.through_seq,
+                pruned_seqs=sorted(state.pruned_seqs),
+                text=state.text,
+                summarizer=state.summarizer,
+                token_count=state.token_count,
+            )
+        except ConflictError:
+            # Another process compacted this session first; its version stands and this
+            # turn's prompt is built from an equivalent state.
+            return
+
+
+def _view(state: SummaryState, window: Sequence[WindowTurn]) -> WindowView:
+    live = tuple(t for t in window if t.seq > state.through_seq and t.seq not in state.pruned_seqs)
+    pruned = tuple(
+        t.message_id for t in window if t.seq > state.through_seq and t.seq in state.pruned_seqs
+    )
+    return WindowView(state, live, pruned)

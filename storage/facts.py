@@ -1,0 +1,289 @@
+"""Transactions over key facts and their history. Each public coroutine is one transaction.
+
+Every change of a fact writes a FactChange row in the same transaction, so the history
+is complete by construction. What a new fact does to the stored ones (merge, supersede,
+insert) is decided by the caller's `resolve` function, inside the transaction that
+applies it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from storage.db import transaction
+from storage.errors import NotFoundError
+from storage.models import Fact, FactChange, Message, User, utc_now
+
+STATUSES = ("active", "superseded", "deleted")
+
+
+@dataclass(frozen=True, slots=True)
+class NewFact:
+    text: str
+    category: str
+    subject: str | None
+    value: str | None
+    is_pinned: bool
+    priority: int
+    valid_from: dt.datetime
+    source_message_ids: Sequence[int] = ()
+    model: str | None = None
+    vector: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What a new fact does: `merge` into `targets[0]`, `supersede` the targets, or be
+    `insert`ed; `insert_superseded` stores an older statement as already superseded."""
+
+    action: Literal["insert", "merge", "supersede", "insert_superseded"]
+    targets: Sequence[Fact] = field(default_factory=tuple)
+
+
+Resolver = Callable[[Sequence[Fact], NewFact], Resolution]
+
+
+def snapshot(fact: Fact) -> dict[str, Any]:
+    """The fields of a fact that its history records."""
+    return {
+        "text": fact.text,
+        "category": fact.category,
+        "subject": fact.subject,
+        "value": fact.value,
+        "status": fact.status,
+        "pinned": fact.is_pinned,
+        "priority": fact.priority,
+        "valid_from": _iso(fact.valid_from),
+        "valid_to": _iso(fact.valid_to),
+        "source_message_ids": list(fact.source_message_ids),
+    }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).isoformat()
+
+
+class FactStore:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+
+    async def list_facts(self, user_pk: int, statuses: Collection[str] = ("active",)) -> list[Fact]:
+        async with transaction(self._sessionmaker) as session:
+            rows = await session.scalars(
+                select(Fact)
+                .where(Fact.user_pk == user_pk, Fact.status.in_(list(statuses)))
+                .order_by(Fact.id)
+            )
+            return list(rows.all())
+
+    async def get_fact(self, fact_id: int) -> tuple[Fact, User]:
+        async with transaction(self._sessionmaker) as session:
+            return await _fact_and_user(session, fact_id)
+
+    async def list_changes(self, fact_ids: Sequence[int]) -> list[FactChange]:
+        if not fact_ids:
+            return []
+        async with transaction(self._sessionmaker) as session:
+            rows = await session.scalars(
+                select(FactChange)
+                .where(FactChange.fact_id.in_(list(fact_ids)))
+                .order_by(FactChange.id)
+            )
+            return list(rows.all())
+
+    async def record_facts(
+        self,
+        user_pk: int,
+        new_facts: Sequence[NewFact],
+        resolve: Resolver,
+        actor: str,
+        *,
+        through_message_id: tuple[int, int] | None = None,
+    ) -> list[Fact] | None:
+        """Apply new facts; returns the facts inserted or changed.
+
+        With `through_message_id=(old, new)` the user's extraction watermark moves from
+        `old` to `new` in the same transaction; if another process moved it first,
+        nothing is written and None is returned.
+        """
+        async with transaction(self._sessionmaker) as session:
+            if through_message_id is not None:
+                old, new = through_message_id
+                moved = await session.execute(
+                    update(User)
+                    .where(User.id == user_pk, User.facts_through_message_id == old)
+                    .values(facts_through_message_id=new)
+                )
+                if moved.rowcount != 1:  # type: ignore[attr-defined]
+                    return None
+            active = list(
+                (
+                    await session.scalars(
+                        select(Fact).where(Fact.user_pk == user_pk, Fact.status == "active")
+                    )
+                ).all()
+            )
+            touched: list[Fact] = []
+            for new_fact in new_facts:
+                touched += await _apply(session, user_pk, active, new_fact, resolve, actor)
+            return touched
+
+    async def update_fact(self, fact_id: int, actor: str, **fields: Any) -> Fact:
+        """Change some of text, is_pinned, priority, category (and text's vector, model)."""
+        async with transaction(self._sessionmaker) as session:
+            fact, _user = await _fact_and_user(session, fact_id)
+            before = snapshot(fact)
+            for name, value in fields.items():
+                setattr(fact, name, value)
+            fact.updated_at = utc_now()
+            session.add(_change(fact, "updated", actor, before))
+            return fact
+
+    async def delete_fact(self, fact_id: int, actor: str) -> Fact:
+        """Mark a fact deleted; it leaves every prompt and search but stays in history."""
+        async with transaction(self._sessionmaker) as session:
+            fact, _user = await _fact_and_user(session, fact_id)
+            if fact.status == "deleted":
+                return fact
+            before = snapshot(fact)
+            fact.status = "deleted"
+            fact.valid_to = fact.valid_to or utc_now()
+            fact.updated_at = utc_now()
+            session.add(_change(fact, "deleted", actor, before))
+            return fact
+
+    async def save_vectors(self, vectors: Sequence[tuple[int, str, bytes]]) -> None:
+        """Store (fact id, model, vector) without a history entry: vectors are derived."""
+        async with transaction(self._sessionmaker) as session:
+            for fact_id, model, vector in vectors:
+                await session.execute(
+                    update(Fact).where(Fact.id == fact_id).values(model=model, vector=vector)
+                )
+
+    # Extraction progress -------------------------------------------------------------
+
+    async def get_watermark(self, user_pk: int) -> int:
+        async with transaction(self._sessionmaker) as session:
+            value = await session.scalar(
+                select(User.facts_through_message_id).where(User.id == user_pk)
+            )
+            if value is None:
+                raise NotFoundError("user", user_pk)
+            return int(value)
+
+    async def list_user_messages_after(
+        self, user_pk: int, after_id: int, limit: int
+    ) -> list[Message]:
+        async with transaction(self._sessionmaker) as session:
+            rows = await session.scalars(
+                select(Message)
+                .where(Message.user_pk == user_pk, Message.id > after_id)
+                .order_by(Message.id)
+                .limit(limit)
+            )
+            return list(rows.all())
+
+    async def list_users_behind(self) -> list[int]:
+        """Users with messages that fact extraction has not read yet."""
+        async with transaction(self._sessionmaker) as session:
+            rows = await session.execute(
+                select(User.id)
+                .join(Message, Message.user_pk == User.id)
+                .group_by(User.id, User.facts_through_message_id)
+                .having(func.max(Message.id) > User.facts_through_message_id)
+            )
+            return [int(r[0]) for r in rows.all()]
+
+
+async def _fact_and_user(session: AsyncSession, fact_id: int) -> tuple[Fact, User]:
+    row = (
+        await session.execute(
+            select(Fact, User).join(User, User.id == Fact.user_pk).where(Fact.id == fact_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFoundError("fact", fact_id)
+    return row[0], row[1]
+
+
+def _change(
+    fact: Fact, action: str, actor: str, before: dict[str, Any] | None, **extra: Any
+) -> FactChange:
+    after = {**snapshot(fact), **extra}
+    return FactChange(
+        fact_id=fact.id,
+        action=action,
+        actor=actor,
+        changed_at=utc_now(),
+        before=before,
+        after=after,
+    )
+
+
+async def _apply(
+    session: AsyncSession,
+    user_pk: int,
+    active: list[Fact],
+    new_fact: NewFact,
+    resolve: Resolver,
+    actor: str,
+) -> list[Fact]:
+    resolution = resolve(active, new_fact)
+    if resolution.action == "merge":
+        target = resolution.targets[0]
+        before = snapshot(target)
+        target.source_message_ids = sorted(
+            {*target.source_message_ids, *new_fact.source_message_ids}
+        )
+        target.updated_at = utc_now()
+        session.add(_change(target, "merged", actor, before, merged_text=new_fact.text))
+        return [target]
+    fact = _new_row(user_pk, new_fact)
+    if resolution.action == "insert_superseded":
+        fact.status = "superseded"
+        fact.valid_to = min(t.valid_from for t in resolution.targets)
+    session.add(fact)
+    await session.flush()
+    session.add(_change(fact, "created", actor, None))
+    touched = [fact]
+    if resolution.action == "supersede":
+        for target in resolution.targets:
+            before = snapshot(target)
+            target.status = "superseded"
+            target.valid_to = new_fact.valid_from
+            target.updated_at = utc_now()
+            session.add(_change(target, "superseded", actor, before, superseded_by=fact.id))
+            active.remove(target)
+            touched.append(target)
+    if fact.status == "active":
+        active.append(fact)
+    return touched
+
+
+def _new_row(user_pk: int, new_fact: NewFact) -> Fact:
+    now = utc_now()
+    return Fact(
+        user_pk=user_pk,
+        text=new_fact.text,
+        category=new_fact.category,
+        subject=new_fact.subject,
+        value=new_fact.value,
+        status="active",
+        is_pinned=new_fact.is_pinned,
+        priority=new_fact.priority,
+        valid_from=new_fact.valid_from,
+        valid_to=None,
+        source_message_ids=list(new_fact.source_message_ids),
+        created_at=now,
+        updated_at=now,
+        model=new_fact.model,
+        vector=new_fact.vector,
+    )

@@ -1,0 +1,70 @@
+"""Rolling session summaries: versions are appended, the newest is current."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from storage.db import transaction
+from storage.models import Message, SessionSummary, utc_now
+
+
+class SummaryStore:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+
+    async def get_current_or_none(self, session_id: str) -> SessionSummary | None:
+        async with transaction(self._sessionmaker) as session:
+            return await session.scalar(
+                select(SessionSummary)
+                .where(SessionSummary.session_id == session_id)
+                .order_by(SessionSummary.version.desc())
+                .limit(1)
+            )
+
+    async def list_summaries(self, session_id: str) -> list[SessionSummary]:
+        async with transaction(self._sessionmaker) as session:
+            rows = await session.scalars(
+                select(SessionSummary)
+                .where(SessionSummary.session_id == session_id)
+                .order_by(SessionSummary.version)
+            )
+            return list(rows.all())
+
+    async def add_summary(
+        self,
+        session_id: str,
+        *,
+        version: int,
+        through_seq: int,
+        pruned_seqs: Sequence[int],
+        text: str,
+        summarizer: str,
+        token_count: int,
+    ) -> SessionSummary:
+        """Append a version; a concurrent writer of the same version fails (unique key)."""
+        row = SessionSummary(
+            session_id=session_id,
+            version=version,
+            through_seq=through_seq,
+            pruned_seqs=sorted(pruned_seqs),
+            text=text,
+            summarizer=summarizer,
+            token_count=token_count,
+            created_at=utc_now(),
+        )
+        async with transaction(self._sessionmaker) as session:
+            session.add(row)
+        return row
+
+    async def list_window(self, session_id: str, after_seq: int) -> list[Message]:
+        """The session's messages after `after_seq`, oldest first."""
+        async with transaction(self._sessionmaker) as session:
+            rows = await session.scalars(
+                select(Message)
+                .where(Message.session_id == session_id, Message.seq > after_seq)
+                .order_by(Message.seq)
+            )
+            return list(rows.all())
