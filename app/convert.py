@@ -5,8 +5,9 @@ from __future__ import annotations
 from app import schemas
 from retrieval import chat as chat_service
 from retrieval import context as ctx
+from retrieval.knowledge import KnowledgeHit
 from retrieval.protocols import Completion
-from storage.models import ChatSession, User
+from storage.models import ChatSession, KnowledgeDocument, User
 
 
 def session_body(chat: ChatSession, user: User, num_messages: int) -> schemas.Session:
@@ -56,11 +57,24 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
             recent=report.sections.recent,
             new_message=report.sections.new_message,
             template=report.sections.template,
+            knowledge=report.sections.knowledge,
         ),
         prompt_tokens=report.prompt_tokens,
         context_window=report.context_window,
         reply_tokens_reserved=report.reply_tokens_reserved,
         prefix_reuse=report.prefix_reuse,
+        knowledge=[
+            schemas.KnowledgeUsed(
+                kind="knowledge",
+                id=k.chunk_id,
+                document_id=k.document_id,
+                title=k.title,
+                heading_path=k.heading_path,
+                text=k.text,
+                score=round(k.score, 6),
+            )
+            for k in report.knowledge
+        ],
     )
 
 
@@ -80,4 +94,47 @@ def turn_body(result: chat_service.TurnResult) -> schemas.Turn:
         finish_reason=result.completion.finish_reason,
         context=report_body(result.context),
         usage=usage_body(result.completion),
+    )
+
+
+def document_body(document: KnowledgeDocument, user_id: str | None) -> schemas.KnowledgeDocument:
+    return schemas.KnowledgeDocument(
+        id=document.id,
+        user_id=user_id,
+        title=document.title,
+        metadata=document.metadata_json or {},
+        source=document.source,
+        filename=document.filename,
+        content_hash=f"sha256:{document.content_hash}",
+        status=document.status,  # type: ignore[arg-type]
+        failure_reason=document.failure_reason,
+        num_chars=document.num_chars,
+        num_chunks=document.num_chunks,
+        num_chunks_indexed=document.num_chunks_indexed,
+        created_at=chat_service.as_utc(document.created_at),
+        updated_at=chat_service.as_utc(document.updated_at),
+    )
+
+
+def search_result_body(
+    hit: chat_service.SearchHit | KnowledgeHit,
+) -> schemas.SearchResult | schemas.KnowledgeResult:
+    if isinstance(hit, KnowledgeHit):
+        return schemas.KnowledgeResult(
+            id=hit.chunk.id,
+            document_id=hit.chunk.document_id,
+            title=hit.chunk.title,
+            heading_path=hit.chunk.heading_path,
+            text=hit.chunk.text,
+            score=round(hit.score, 6),
+        )
+    return schemas.SearchResult(
+        id=hit.turn.id,
+        session_id=hit.turn.session_id,
+        external_id=hit.turn.external_id,
+        role=hit.turn.role,
+        name=hit.turn.name,
+        text=hit.turn.content,
+        score=round(hit.score, 6),
+        created_at=hit.turn.created_at,
     )

@@ -24,15 +24,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.errors import EXCEPTION_HANDLERS
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
 from app.routes.health import healthz, readyz
+from app.routes.knowledge import KnowledgeController
 from app.routes.memory import MemoryController
 from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, Settings
 from retrieval.chat import ChatConfig, ChatService
 from retrieval.context import ContextAssembler
+from retrieval.knowledge import KnowledgeBase, KnowledgeConfig
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Embedder, Engine, VectorIndex
 from storage import migrate
 from storage.db import create_engine, create_sessionmaker
+from storage.knowledge import KnowledgeStore
 from storage.repository import Store
 
 log = structlog.get_logger(__name__)
@@ -103,6 +106,7 @@ class Runtime:
     memory: TurnMemory
     chat: ChatService
     owns_engine: bool = field(default=True)
+    knowledge: KnowledgeBase | None = None
 
 
 def load_embedder(settings: Settings) -> Embedder:
@@ -113,7 +117,39 @@ def load_engine(settings: Settings) -> Engine:
     return ENGINES[settings.engine.kind](settings.engine)
 
 
+def build_chroma_index(settings: Settings, dimension: int, namespace: str) -> VectorIndex:
+    """Embedded Chroma under the data dir, or the server at `chroma_url`; opened on first use."""
+    from retrieval.indexes.chroma import ChromaIndex, embedded_client, server_client
+
+    if settings.chroma_url:
+        connect = server_client(settings.chroma_url)
+    else:
+        connect = embedded_client(settings.index_dir / "chroma")
+    return ChromaIndex(connect, dimension, namespace=namespace, prefix=settings.chroma_prefix)
+
+
+def build_knowledge(
+    settings: Settings, db_engine: AsyncEngine, embedder: Embedder
+) -> KnowledgeBase:
+    config = settings.knowledge
+    return KnowledgeBase(
+        KnowledgeStore(create_sessionmaker(db_engine)),
+        embedder,
+        build_chroma_index(settings, embedder.dimension, "knowledge"),
+        KnowledgeConfig(
+            chunk_tokens=config.chunk_tokens,
+            overlap_tokens=config.overlap_tokens,
+            embed_batch_size=config.embed_batch_size,
+            max_document_chars=config.max_document_chars,
+            inline_chunks=config.inline_chunks,
+            max_upload_bytes=config.max_upload_bytes,
+        ),
+    )
+
+
 def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
+    if settings.index.kind == "chroma":
+        return build_chroma_index(settings, embedder.dimension, "turns")
     return INDEXES[settings.index.kind](
         settings.index_dir / settings.index.kind, embedder.dimension
     )
@@ -148,6 +184,8 @@ async def build_runtime(
     memory = build_memory(settings, store, embedder)
     await memory.check_model()
     await memory.repair_unembedded()
+    knowledge = build_knowledge(settings, db_engine, embedder)
+    await knowledge.resume_unfinished()
     system_prompt = settings.chat.system_prompt_file.read_text(encoding="utf-8").strip()
     chat = ChatService(
         store,
@@ -162,12 +200,17 @@ async def build_runtime(
             max_content_chars=settings.chat.max_content_chars,
             max_import_messages=settings.chat.max_import_messages,
             max_pending_turns=settings.chat.max_pending_turns,
+            knowledge_k=settings.knowledge.retrieval_k,
+            knowledge_share=settings.knowledge.share,
         ),
+        knowledge=knowledge,
     )
-    return Runtime(db_engine, store, embedder, engine, memory, chat, owns_engine)
+    return Runtime(db_engine, store, embedder, engine, memory, chat, owns_engine, knowledge)
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    if runtime.knowledge is not None:
+        await runtime.knowledge.close()
     runtime.memory.save()
     if runtime.owns_engine:
         await runtime.engine.close()
@@ -193,6 +236,9 @@ def create_app(
     def provide_chat_service(state: State) -> ChatService:
         return state.runtime.chat
 
+    def provide_knowledge(state: State) -> KnowledgeBase:
+        return state.runtime.knowledge
+
     def provide_sampling() -> SamplingDefaults:
         return sampling
 
@@ -206,9 +252,10 @@ def create_app(
         "store": Provide(provide_store, sync_to_thread=False),
         "chat_service": Provide(provide_chat_service, sync_to_thread=False),
         "sampling": Provide(provide_sampling, sync_to_thread=False),
+        "knowledge": Provide(provide_knowledge, sync_to_thread=False),
     }
     return Litestar(
-        route_handlers=[SessionController, MemoryController, healthz, readyz],
+        route_handlers=[SessionController, MemoryController, KnowledgeController, healthz, readyz],
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],

@@ -9,7 +9,7 @@ from msgspec import Meta, Struct
 
 UserId = Annotated[str, Meta(min_length=1, max_length=255)]
 Role = Literal["user", "assistant", "system"]
-Kind = Literal["turn"]
+Kind = Literal["turn", "knowledge"]
 
 
 class SessionCreate(Struct, forbid_unknown_fields=True):
@@ -75,6 +75,19 @@ class SectionTokens(Struct):
     recent: int
     new_message: int
     template: int
+    knowledge: int
+
+
+class KnowledgeUsed(Struct):
+    """A knowledge-base chunk in the prompt, shown under its document's title."""
+
+    kind: str
+    id: int
+    document_id: str
+    title: str
+    heading_path: str
+    text: str
+    score: float
 
 
 class ContextReport(Struct):
@@ -85,6 +98,7 @@ class ContextReport(Struct):
     context_window: int
     reply_tokens_reserved: int
     prefix_reuse: int | None
+    knowledge: list[KnowledgeUsed]
 
 
 class Usage(Struct):
@@ -127,8 +141,7 @@ class SearchRequest(Struct, forbid_unknown_fields=True):
     kinds: list[Kind] | None = None
 
 
-class SearchResult(Struct):
-    kind: str
+class SearchResult(Struct, tag_field="kind", tag="turn"):
     id: int
     session_id: str
     external_id: str | None
@@ -139,8 +152,19 @@ class SearchResult(Struct):
     created_at: dt.datetime
 
 
+class KnowledgeResult(Struct, tag_field="kind", tag="knowledge"):
+    """A chunk of a knowledge-base document (`id` is the chunk's)."""
+
+    id: int
+    document_id: str
+    title: str
+    heading_path: str
+    text: str
+    score: float
+
+
 class SearchResponse(Struct):
-    results: list[SearchResult]
+    results: list[SearchResult | KnowledgeResult]
 
 
 class ContextRequest(Struct, forbid_unknown_fields=True):
@@ -177,3 +201,36 @@ class ProblemDetails(Struct, omit_defaults=True):
     detail: str
     instance: str
     errors: list[FieldError] = []
+
+
+DocumentStatus = Literal["processing", "ready", "failed"]
+
+
+class KnowledgeCreate(Struct, forbid_unknown_fields=True):
+    title: Annotated[str, Meta(min_length=1, max_length=500)]
+    text: str
+    user_id: UserId | None = None
+    metadata: dict[str, Any] = {}
+
+
+class KnowledgeDocument(Struct):
+    """A document; `num_chunks_indexed` of `num_chunks` shows the progress of processing."""
+
+    id: str
+    user_id: str | None
+    title: str
+    metadata: dict[str, Any]
+    source: str
+    filename: str | None
+    content_hash: str
+    status: DocumentStatus
+    failure_reason: str | None
+    num_chars: int
+    num_chunks: int
+    num_chunks_indexed: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class KnowledgeDocumentList(Struct):
+    documents: list[KnowledgeDocument]

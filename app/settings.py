@@ -28,7 +28,9 @@ class EmbedderSettings(BaseModel):
 
 
 class IndexSettings(BaseModel):
-    kind: Literal["faiss"] = "faiss"
+    # Where past turns' vectors live: "chroma" (embedded, or the server at MEMCHAT_CHROMA_URL)
+    # lets several API processes share them.
+    kind: Literal["faiss", "chroma"] = "faiss"
 
 
 class EngineSettings(BaseModel):
@@ -55,6 +57,19 @@ class ChatSettings(BaseModel):
     max_pending_turns: int = Field(8, ge=1)
 
 
+class KnowledgeSettings(BaseModel):
+    """The knowledge base (documents in SQL, their vectors in Chroma)."""
+
+    retrieval_k: int = Field(3, ge=0, le=100, description="chunks per turn; 0 = none")
+    share: float = Field(0.2, ge=0, le=1, description="share of the prompt budget")
+    chunk_tokens: int = Field(160, ge=8, le=4096)
+    overlap_tokens: int = Field(32, ge=0, le=1024)
+    embed_batch_size: int = Field(64, ge=1)
+    inline_chunks: int = Field(64, ge=0, description="larger documents finish in the background")
+    max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    max_document_chars: int = Field(2_000_000, ge=1)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMCHAT_", env_nested_delimiter="__", extra="ignore"
@@ -71,6 +86,11 @@ class Settings(BaseSettings):
     index: IndexSettings = IndexSettings()
     engine: EngineSettings = EngineSettings()
     chat: ChatSettings = ChatSettings()
+    knowledge: KnowledgeSettings = KnowledgeSettings()
+    # None = embedded Chroma under the data dir; else a server, e.g. http://127.0.0.1:8001.
+    chroma_url: str | None = None
+    # Collection names start with it: deployments sharing a Chroma server never meet.
+    chroma_prefix: str = Field("memchat", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
 
     def resolved_database_url(self) -> str:
         if self.database_url:

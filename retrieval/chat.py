@@ -23,9 +23,11 @@ from retrieval.context import (
     ContextBudget,
     ContextReport,
     RecentTurn,
+    RetrievedKnowledge,
     RetrievedMemory,
 )
 from retrieval.errors import EngineBusyError, InvalidInputError
+from retrieval.knowledge import KnowledgeBase, KnowledgeHit
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta
 from storage.models import ChatSession, Message, User
@@ -43,6 +45,9 @@ class ChatConfig:
     max_import_messages: int = 1_000
     # Turns admitted at once (generating or waiting for the engine); more are refused.
     max_pending_turns: int = 8
+    # Knowledge-base chunks retrieved per turn, and their share of the prompt budget.
+    knowledge_k: int = 3
+    knowledge_share: float = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +163,9 @@ class ChatService:
         engine: Engine,
         assembler: ContextAssembler,
         config: ChatConfig,
+        knowledge: KnowledgeBase | None = None,
     ) -> None:
+        self._knowledge = knowledge
         self._store = store
         self._memory = memory
         self._engine = engine
@@ -184,6 +191,7 @@ class ChatService:
             context_window=self._engine.context_window,
             reply_tokens=params.max_tokens,
             memory_share=self._config.memory_share,
+            knowledge_share=self._config.knowledge_share if self._knowledge else 0.0,
         )
 
     def validate_content(self, content: str, field: str = "content") -> None:
@@ -320,12 +328,16 @@ class ChatService:
         The report says how many leading tokens the prompt shares with the session's
         previous one; a turn (not a preview) then becomes that previous prompt.
         """
-        hits = await self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude)
+        hits, knowledge = await asyncio.gather(
+            self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude),
+            self._knowledge_for(chat.user_pk, vector, self._config.knowledge_k),
+        )
         context = self._assembler.assemble(
             new_message=content,
             memories=await self._memories(chat.user_pk, hits),
             recent=recent,
             budget=self._budget(params),
+            knowledge=[_retrieved(hit) for hit in knowledge],
         )
         tokens = self._engine.prompt_tokens(context.messages)
         previous = self._last_prompts.get(chat.id)
@@ -338,6 +350,12 @@ class ChatService:
             return context
         reuse = shared_prefix(previous, tokens)
         return replace(context, report=replace(context.report, prefix_reuse=reuse))
+
+    async def _knowledge_for(self, user_pk: int, vector: np.ndarray, k: int) -> list[KnowledgeHit]:
+        """The user's own and shared knowledge chunks closest to the message."""
+        if self._knowledge is None or k <= 0:
+            return []
+        return await self._knowledge.search(user_pk, vector, k)
 
     async def _rows_of(
         self, user_pk: int, hits: Sequence[ScoredId]
@@ -409,6 +427,24 @@ class ChatService:
     ) -> list[SearchHit]:
         self.validate_content(query, "query")
         vector = (await self._memory.embed([query]))[0]
+        return await self._search_turns(user, vector, k, session_id)
+
+    async def search_all(
+        self, user: User, query: str, k: int, session_id: str | None, kinds: Sequence[str]
+    ) -> list[SearchHit | KnowledgeHit]:
+        """Past turns and/or knowledge chunks (as `kinds` says), merged best first."""
+        self.validate_content(query, "query")
+        vector = (await self._memory.embed([query]))[0]
+        found: list[SearchHit | KnowledgeHit] = []
+        if "turn" in kinds:
+            found += await self._search_turns(user, vector, k, session_id)
+        if "knowledge" in kinds:
+            found += await self._knowledge_for(user.id, vector, k)
+        return sorted(found, key=lambda hit: -hit.score)[:k]
+
+    async def _search_turns(
+        self, user: User, vector: np.ndarray, k: int, session_id: str | None
+    ) -> list[SearchHit]:
         fetch = sys.maxsize if session_id is not None else k
         hits = await self._memory.search(user.id, vector, fetch)
         found: list[SearchHit] = []
@@ -430,3 +466,14 @@ class ChatService:
             ids = await self._store.delete_session(session_id)
             await self._memory.forget(chat.user_pk, ids)
             self._last_prompts.pop(session_id, None)
+
+
+def _retrieved(hit: KnowledgeHit) -> RetrievedKnowledge:
+    return RetrievedKnowledge(
+        chunk_id=hit.chunk.id,
+        document_id=hit.chunk.document_id,
+        title=hit.chunk.title,
+        heading_path=hit.chunk.heading_path,
+        text=hit.chunk.text,
+        score=hit.score,
+    )

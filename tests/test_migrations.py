@@ -14,7 +14,14 @@ from storage import migrate
 from storage.db import create_engine
 from storage.models import Base
 
-TABLES = {"users", "chat_sessions", "messages", "message_embeddings"}
+TABLES = {
+    "users",
+    "chat_sessions",
+    "messages",
+    "message_embeddings",
+    "knowledge_documents",
+    "knowledge_chunks",
+}
 
 
 def _tables(connection: Connection) -> set[str]:

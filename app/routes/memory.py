@@ -9,6 +9,7 @@ from litestar.di import NamedDependency
 from litestar.status_codes import HTTP_200_OK
 
 from app import schemas
+from app.convert import search_result_body
 from app.routes.body import strict_body
 from app.routes.problems import problems
 from retrieval.chat import ChatService
@@ -34,20 +35,6 @@ class MemoryController(Controller):
             if owner.id != user.id:
                 # Another user's session is as unknown to this user as a missing one.
                 raise NotFoundError("session", data.session_id)
-        hits = await chat_service.search(user, data.query, data.k, data.session_id)
-        return schemas.SearchResponse(
-            results=[
-                schemas.SearchResult(
-                    kind="turn",
-                    id=hit.turn.id,
-                    session_id=hit.turn.session_id,
-                    external_id=hit.turn.external_id,
-                    role=hit.turn.role,
-                    name=hit.turn.name,
-                    text=hit.turn.content,
-                    score=round(hit.score, 6),
-                    created_at=hit.turn.created_at,
-                )
-                for hit in hits
-            ]
-        )
+        kinds = data.kinds or ["turn"]
+        hits = await chat_service.search_all(user, data.query, data.k, data.session_id, kinds)
+        return schemas.SearchResponse(results=[search_result_body(hit) for hit in hits])
