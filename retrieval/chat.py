@@ -23,7 +23,6 @@ from retrieval.context import (
     ContextBudget,
     ContextReport,
     RecentTurn,
-    RetrievedKnowledge,
     RetrievedMemory,
 )
 from retrieval.errors import EngineBusyError, InvalidInputError
@@ -337,7 +336,7 @@ class ChatService:
             memories=await self._memories(chat.user_pk, hits),
             recent=recent,
             budget=self._budget(params),
-            knowledge=[_retrieved(hit) for hit in knowledge],
+            knowledge=[hit.retrieved() for hit in knowledge],
         )
         tokens = self._engine.prompt_tokens(context.messages)
         previous = self._last_prompts.get(chat.id)
@@ -466,14 +465,3 @@ class ChatService:
             ids = await self._store.delete_session(session_id)
             await self._memory.forget(chat.user_pk, ids)
             self._last_prompts.pop(session_id, None)
-
-
-def _retrieved(hit: KnowledgeHit) -> RetrievedKnowledge:
-    return RetrievedKnowledge(
-        chunk_id=hit.chunk.id,
-        document_id=hit.chunk.document_id,
-        title=hit.chunk.title,
-        heading_path=hit.chunk.heading_path,
-        text=hit.chunk.text,
-        score=hit.score,
-    )

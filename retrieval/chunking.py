@@ -10,7 +10,8 @@ for English and Chinese alike without loading its tokenizer.
 Chunks follow the document's structure: Markdown headings start new sections (their
 path, "Guide > Install", travels with each chunk), paragraphs are packed whole while they
 fit, and only a paragraph longer than a chunk is cut, at token boundaries. Consecutive
-chunks of a section share `overlap_tokens` tokens, so a fact cut in two is whole in one.
+chunks of a section share `overlap_tokens` tokens, so a fact cut in two is whole in one,
+except where dropping the overlap keeps the next paragraph whole.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class Chunker:
             if spans and _total(spans) + _total(para) > self._max:
                 yield _text(body, spans)
                 spans = self._tail(spans)
-                if _total(spans) + _total(para) > self._max:
+                # The overlap gives way where that keeps a paragraph whole.
+                if _total(spans) + _total(para) > self._max >= _total(para):
                     spans = []
             for span in para:
                 if spans and _total(spans) + span.tokens > self._max:

@@ -25,6 +25,7 @@ import numpy as np
 import structlog
 
 from retrieval.chunking import Chunk, Chunker
+from retrieval.context import RetrievedKnowledge
 from retrieval.errors import DocumentTooLargeError, InvalidInputError, RetrievalError
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
 from storage.errors import NotFoundError, StorageError
@@ -70,6 +71,17 @@ class Upload:
 class KnowledgeHit:
     chunk: StoredChunk
     score: float
+
+    def retrieved(self) -> RetrievedKnowledge:
+        """As the context assembler takes it."""
+        return RetrievedKnowledge(
+            chunk_id=self.chunk.id,
+            document_id=self.chunk.document_id,
+            title=self.chunk.title,
+            heading_path=self.chunk.heading_path,
+            text=self.chunk.text,
+            score=self.score,
+        )
 
 
 def index_scope(user_pk: int | None) -> int:
@@ -194,7 +206,7 @@ class KnowledgeBase:
             return
         scope = index_scope(document.user_pk)
         try:
-            await self._ensure_scope(scope, force=True)
+            await self._ensure_scope(scope)
             stale = await self._store.start_processing(document.id, len(chunks))
             await asyncio.to_thread(self._index.remove, scope, stale)
             batch_size = self._config.embed_batch_size
@@ -235,7 +247,8 @@ class KnowledgeBase:
             await asyncio.gather(task, return_exceptions=True)
         user_pk, chunk_ids = await self._store.delete_document(document_id)
         scope = index_scope(user_pk)
-        if chunk_ids and await self._ensure_scope(scope, force=True):
+        if chunk_ids:
+            await self._ensure_scope(scope)
             await asyncio.to_thread(self._index.remove, scope, chunk_ids)
 
     async def close(self) -> None:
@@ -254,8 +267,7 @@ class KnowledgeBase:
         """The best `k` chunks of ready documents, shared or the user's own, best first."""
         if k <= 0:
             return []
-        owners: list[int | None] = [None] if user_pk is None else [None, user_pk]
-        owners = [o for o in owners if await self._ensure_scope(index_scope(o))]
+        owners = await self._searchable([None] if user_pk is None else [None, user_pk])
         if not owners:
             return []
         hits = await asyncio.to_thread(self._search, [index_scope(o) for o in owners], vector, k)
@@ -267,23 +279,31 @@ class KnowledgeBase:
         hits = [hit for scope in scopes for hit in self._index.search(scope, vector, k)]
         return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
 
-    async def _ensure_scope(self, scope: int, *, force: bool = False) -> bool:
-        """Load and reconcile a scope on first use; False: nothing to search there yet.
+    async def _searchable(self, owners: list[int | None]) -> list[int | None]:
+        """The owners (None: shared) whose scopes have documents, loaded for search.
 
-        A scope with no chunks in SQL is not opened (so users without knowledge never
-        touch the vector store) and is checked again next time, as another process
-        sharing the database and Chroma server may add documents to it.
+        A scope without documents is not opened (users without knowledge never touch the
+        vector store) and is checked again next time, with one query for all of them, as
+        another process sharing the database and Chroma server may add documents to it.
         """
+        unloaded = [o for o in owners if not self._index.is_loaded(index_scope(o))]
+        if unloaded:
+            with_documents = await self._store.list_owners_with_documents(unloaded)
+            for owner in unloaded:
+                if owner in with_documents:
+                    await self._ensure_scope(index_scope(owner))
+        return [o for o in owners if self._index.is_loaded(index_scope(o))]
+
+    async def _ensure_scope(self, scope: int) -> None:
+        """Load a scope and reconcile it with SQL, once per process."""
         if self._index.is_loaded(scope):
-            return True
+            return
         lock = self._scope_locks.setdefault(scope, asyncio.Lock())
         async with lock:
             if self._index.is_loaded(scope):
-                return True
+                return
             owner = None if scope == SHARED_SCOPE else scope
             sql_ids = await self._store.list_chunk_ids(owner)
-            if not sql_ids and not force:
-                return False
             result = await asyncio.to_thread(self._index.load, scope)
             extra = result.ids - sql_ids
             missing = sql_ids - result.ids
@@ -297,7 +317,6 @@ class KnowledgeBase:
                     num_added=len(missing),
                     num_removed=len(extra),
                 )
-            return True
 
     async def _index_chunks(self, ids: Collection[int] | None) -> int:
         """Embed stored chunks (those in `ids`, or all) and add them to their scopes."""

@@ -284,6 +284,16 @@ class KnowledgeStore(Store):
             )
             return _stored(rows.all())
 
+    async def list_owners_with_documents(self, user_pks: Collection[int | None]) -> set[int | None]:
+        """Which of these scopes (a user pk, or None: shared) hold at least one document."""
+        async with self._transaction() as session:
+            rows = await session.scalars(
+                select(KnowledgeDocument.user_pk)
+                .where(or_(*(_in_scope(pk) for pk in user_pks)))
+                .distinct()
+            )
+            return set(rows.all())
+
     async def list_chunk_ids(self, user_pk: int | None) -> set[int]:
         """Ids of every stored chunk of one scope, whatever its document's status."""
         async with self._transaction() as session:
