@@ -54,7 +54,18 @@ def knowledge_contract(document: dict[str, Any], settings: Settings) -> None:
         minLength=1, maxLength=settings.knowledge.max_document_chars, pattern=f"[^{WHITESPACE}]"
     )
     document["components"]["schemas"].update(components)
-    document["paths"][PATH]["post"]["requestBody"] = {
+    post = document["paths"][PATH]["post"]
+    # Links let clients (and stateful fuzzing) follow a new document to its operations.
+    links = {
+        f"{method.capitalize()}Document": {
+            "operationRef": f"#/paths/~1v1~1knowledge~1{{document_id}}/{method}",
+            "parameters": {"document_id": "$response.body#/id"},
+        }
+        for method in ("get", "delete")
+    }
+    for status in ("200", "201", "202"):
+        post["responses"][status]["links"] = links
+    post["requestBody"] = {
         "required": True,
         "content": {
             "application/json": {"schema": {"$ref": REF.format(name="KnowledgeCreate")}},

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -68,6 +68,12 @@ class KnowledgeSettings(BaseModel):
     inline_chunks: int = Field(64, ge=0, description="larger documents finish in the background")
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
     max_document_chars: int = Field(2_000_000, ge=1)
+
+    @model_validator(mode="after")
+    def _overlap_below_chunk(self) -> KnowledgeSettings:
+        if self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError("knowledge.overlap_tokens must be below knowledge.chunk_tokens")
+        return self
 
 
 class Settings(BaseSettings):

@@ -115,11 +115,14 @@ class ChromaIndex:
         )
 
     def _collection(self, scope: int) -> Any:
-        collection = self._collections.get(scope)
-        if collection is None:
-            collection = self._create(scope)
-            self._collections[scope] = collection
-        return collection
+        """The scope's collection handle; only this and (re)loading hold the lock, so
+        searches and writes of different requests reach Chroma in parallel."""
+        with self._lock:
+            collection = self._collections.get(scope)
+            if collection is None:
+                collection = self._create(scope)
+                self._collections[scope] = collection
+            return collection
 
     def is_loaded(self, scope: int) -> bool:
         return scope in self._collections
@@ -152,14 +155,14 @@ class ChromaIndex:
         matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(ids), -1)
         if matrix.shape[1] != self._dimension:
             raise ValueError(f"vectors have dimension {matrix.shape[1]}, not {self._dimension}")
-        with self._lock, _translated():
+        with _translated():
             # Upsert: re-adding an id replaces its vector instead of duplicating it.
             self._collection(scope).upsert(ids=[str(i) for i in ids], embeddings=matrix)
 
     def remove(self, scope: int, ids: Collection[int]) -> None:
         if not ids:
             return
-        with self._lock, _translated():
+        with _translated():
             self._collection(scope).delete(ids=[str(i) for i in ids])
 
     def search(
@@ -168,13 +171,10 @@ class ChromaIndex:
         if k <= 0:
             return []
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1)
-        with self._lock, _translated():
-            collection = self._collection(scope)
-            size = collection.count()
-            if size == 0:
-                return []
-            found = collection.query(
-                query_embeddings=query, n_results=min(size, k + len(exclude)), include=["distances"]
+        with _translated():
+            # Chroma answers with fewer results when the collection holds fewer.
+            found = self._collection(scope).query(
+                query_embeddings=query, n_results=k + len(exclude), include=["distances"]
             )
         hits = [
             ScoredId(int(i), 1.0 - float(d))
@@ -194,7 +194,7 @@ class ChromaIndex:
             offset += PAGE
 
     def list_ids(self, scope: int) -> set[int]:
-        with self._lock, _translated():
+        with _translated():
             return self._ids(self._collection(scope))
 
     def save(self) -> None:
