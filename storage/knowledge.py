@@ -193,7 +193,8 @@ class KnowledgeStore(Store):
         """Store one batch of chunks and count it as progress; returns their ids in order."""
         async with self._transaction() as session:
             ids = await session.scalars(
-                insert(KnowledgeChunk).returning(KnowledgeChunk.id),
+                # Ids in the order of the chunks: they key the vectors of the same batch.
+                insert(KnowledgeChunk).returning(KnowledgeChunk.id, sort_by_parameter_order=True),
                 [
                     {
                         "document_id": document_id,
