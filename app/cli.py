@@ -57,24 +57,30 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _reindex(settings: Settings) -> int:
-    from app.factory import build_memory, load_embedder
+async def _reindex(settings: Settings) -> tuple[int, int]:
+    from app.factory import build_knowledge, build_memory, load_embedder
     from storage.db import create_engine, create_sessionmaker
     from storage.repository import Store
 
     engine = create_engine(settings.resolved_database_url())
     try:
         store = Store(create_sessionmaker(engine))
-        memory = build_memory(settings, store, load_embedder(settings))
-        return await memory.reindex_all()
+        embedder = load_embedder(settings)
+        memory = build_memory(settings, store, embedder)
+        num_messages = await memory.reindex_all()
+        num_chunks = await build_knowledge(settings, engine, embedder).rebuild()
+        return num_messages, num_chunks
     finally:
         await engine.dispose()
 
 
 def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
     asyncio.run(_migrate(settings, "head"))
-    num_messages = asyncio.run(_reindex(settings))
-    print(f"re-embedded and indexed {num_messages} messages with {settings.embedder.model_name}")
+    num_messages, num_chunks = asyncio.run(_reindex(settings))
+    print(
+        f"re-embedded and indexed {num_messages} messages and {num_chunks} knowledge chunks"
+        f" with {settings.embedder.model_name}"
+    )
     return 0
 
 
@@ -153,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--revision", default="head")
     migrate.set_defaults(run=cmd_migrate)
     reindex = commands.add_parser(
-        "reindex", help="re-embed every stored turn and rebuild the vector index (server stopped)"
+        "reindex",
+        help="re-embed every stored turn and knowledge chunk and rebuild the vector indexes"
+        " (server stopped)",
     )
     reindex.set_defaults(run=cmd_reindex)
     export = commands.add_parser("export", help="write one user's memory as JSON Lines")

@@ -5,8 +5,10 @@ from __future__ import annotations
 from app import schemas
 from retrieval import chat as chat_service
 from retrieval import context as ctx
+from retrieval.facts.service import FactHit
+from retrieval.knowledge import KnowledgeHit
 from retrieval.protocols import Completion
-from storage.models import ChatSession, Fact, FactChange, User
+from storage.models import ChatSession, Fact, FactChange, KnowledgeDocument, User
 
 
 def session_body(chat: ChatSession, user: User, num_messages: int) -> schemas.Session:
@@ -69,6 +71,7 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
             recent=report.sections.recent,
             new_message=report.sections.new_message,
             template=report.sections.template,
+            knowledge=report.sections.knowledge,
         ),
         prompt_tokens=report.prompt_tokens,
         context_window=report.context_window,
@@ -77,6 +80,18 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
         summary_version=report.summary_version,
         summary_through_seq=report.summary_through_seq,
         pruned_message_ids=list(report.pruned_message_ids),
+        knowledge=[
+            schemas.KnowledgeUsed(
+                kind="knowledge",
+                id=k.chunk_id,
+                document_id=k.document_id,
+                title=k.title,
+                heading_path=k.heading_path,
+                text=k.text,
+                score=round(k.score, 6),
+            )
+            for k in report.knowledge
+        ],
     )
 
 
@@ -128,4 +143,56 @@ def fact_body(fact: Fact, user_id: str, history: list[FactChange] | None = None)
             )
             for c in history
         ],
+    )
+
+
+def document_body(document: KnowledgeDocument, user_id: str | None) -> schemas.KnowledgeDocument:
+    return schemas.KnowledgeDocument(
+        id=document.id,
+        user_id=user_id,
+        title=document.title,
+        metadata=document.metadata_json or {},
+        source=document.source,
+        filename=document.filename,
+        content_hash=f"sha256:{document.content_hash}",
+        status=document.status,  # type: ignore[arg-type]
+        failure_reason=document.failure_reason,
+        num_chars=document.num_chars,
+        num_chunks=document.num_chunks,
+        num_chunks_indexed=document.num_chunks_indexed,
+        created_at=chat_service.as_utc(document.created_at),
+        updated_at=chat_service.as_utc(document.updated_at),
+    )
+
+
+def search_result_body(
+    hit: chat_service.SearchHit | FactHit | KnowledgeHit,
+) -> schemas.SearchResult | schemas.FactResult | schemas.KnowledgeResult:
+    if isinstance(hit, FactHit):
+        return schemas.FactResult(
+            id=hit.fact.id,
+            text=hit.fact.text,
+            category=hit.fact.category,
+            score=round(hit.score, 6),
+            created_at=chat_service.as_utc(hit.fact.valid_from),
+            source_message_ids=list(hit.fact.source_message_ids),
+        )
+    if isinstance(hit, KnowledgeHit):
+        return schemas.KnowledgeResult(
+            id=hit.chunk.id,
+            document_id=hit.chunk.document_id,
+            title=hit.chunk.title,
+            heading_path=hit.chunk.heading_path,
+            text=hit.chunk.text,
+            score=round(hit.score, 6),
+        )
+    return schemas.SearchResult(
+        id=hit.turn.id,
+        session_id=hit.turn.session_id,
+        external_id=hit.turn.external_id,
+        role=hit.turn.role,
+        name=hit.turn.name,
+        text=hit.turn.content,
+        score=round(hit.score, 6),
+        created_at=hit.turn.created_at,
     )

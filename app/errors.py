@@ -11,10 +11,13 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from retrieval.errors import (
+    DocumentTooLargeError,
     EmbeddingModelMismatchError,
     EngineBusyError,
     EngineError,
+    IndexUnavailableError,
     InvalidInputError,
+    UnsupportedDocumentError,
 )
 from storage.errors import (
     ConflictError,
@@ -116,6 +119,37 @@ def on_invalid_input(request: Request[Any, Any, Any], exc: InvalidInputError) ->
     )
 
 
+def _input_problem(
+    request: Request[Any, Any, Any], status: int, exc: InvalidInputError
+) -> Response[Any]:
+    errors = [{"field": exc.field, "message": exc.message}]
+    return problem(request, status, f"{exc.field}: {exc.message}", errors=errors)
+
+
+def on_unsupported_document(
+    request: Request[Any, Any, Any], exc: UnsupportedDocumentError
+) -> Response[Any]:
+    return _input_problem(request, 415, exc)
+
+
+def on_document_too_large(
+    request: Request[Any, Any, Any], exc: DocumentTooLargeError
+) -> Response[Any]:
+    return _input_problem(request, 413, exc)
+
+
+def on_index_unavailable(
+    request: Request[Any, Any, Any], exc: IndexUnavailableError
+) -> Response[Any]:
+    log.error("vector_store_unavailable", error=str(exc))
+    return problem(
+        request,
+        503,
+        f"the vector store is unavailable ({exc}); nothing is lost, retry later",
+        headers={"Retry-After": "5"},
+    )
+
+
 def on_not_found(request: Request[Any, Any, Any], exc: NotFoundError) -> Response[Any]:
     return problem(request, 404, str(exc))
 
@@ -179,7 +213,10 @@ def on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[A
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     ValidationException: on_validation,
     BadBodyError: on_bad_body,
+    UnsupportedDocumentError: on_unsupported_document,
+    DocumentTooLargeError: on_document_too_large,
     InvalidInputError: on_invalid_input,
+    IndexUnavailableError: on_index_unavailable,
     NotFoundError: on_not_found,
     ConflictError: on_conflict,
     EngineBusyError: on_engine_busy,

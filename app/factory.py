@@ -25,6 +25,7 @@ from app.errors import EXCEPTION_HANDLERS
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
 from app.routes.facts import FactController
 from app.routes.health import healthz, readyz
+from app.routes.knowledge import KnowledgeController
 from app.routes.memory import MemoryController
 from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, Settings
@@ -34,6 +35,7 @@ from retrieval.facts.extract import rule_extractor
 from retrieval.facts.llm import LlmFactExtractor
 from retrieval.facts.service import FactMemory
 from retrieval.facts.worker import FactWorker
+from retrieval.knowledge import KnowledgeBase, KnowledgeConfig
 from retrieval.memory import TurnMemory
 from retrieval.protocols import (
     Embedder,
@@ -48,6 +50,7 @@ from retrieval.window import WindowConfig, WindowKeeper
 from storage import migrate
 from storage.db import create_engine, create_sessionmaker
 from storage.facts import FactStore
+from storage.knowledge import KnowledgeStore
 from storage.repository import Store
 from storage.summaries import SummaryStore
 
@@ -121,6 +124,7 @@ class Runtime:
     facts: FactMemory
     fact_worker: FactWorker | None
     owns_engine: bool = field(default=True)
+    knowledge: KnowledgeBase | None = None
 
 
 def load_embedder(settings: Settings) -> Embedder:
@@ -131,7 +135,39 @@ def load_engine(settings: Settings) -> Engine:
     return ENGINES[settings.engine.kind](settings.engine)
 
 
+def build_chroma_index(settings: Settings, dimension: int, namespace: str) -> VectorIndex:
+    """Embedded Chroma under the data dir, or the server at `chroma_url`; opened on first use."""
+    from retrieval.indexes.chroma import ChromaIndex, embedded_client, server_client
+
+    if settings.chroma_url:
+        connect = server_client(settings.chroma_url)
+    else:
+        connect = embedded_client(settings.index_dir / "chroma")
+    return ChromaIndex(connect, dimension, namespace=namespace, prefix=settings.chroma_prefix)
+
+
+def build_knowledge(
+    settings: Settings, db_engine: AsyncEngine, embedder: Embedder
+) -> KnowledgeBase:
+    config = settings.knowledge
+    return KnowledgeBase(
+        KnowledgeStore(create_sessionmaker(db_engine)),
+        embedder,
+        build_chroma_index(settings, embedder.dimension, "knowledge"),
+        KnowledgeConfig(
+            chunk_tokens=config.chunk_tokens,
+            overlap_tokens=config.overlap_tokens,
+            embed_batch_size=config.embed_batch_size,
+            max_document_chars=config.max_document_chars,
+            inline_chunks=config.inline_chunks,
+            max_upload_bytes=config.max_upload_bytes,
+        ),
+    )
+
+
 def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
+    if settings.index.kind == "chroma":
+        return build_chroma_index(settings, embedder.dimension, "turns")
     return INDEXES[settings.index.kind](
         settings.index_dir / settings.index.kind, embedder.dimension
     )
@@ -185,6 +221,8 @@ async def build_runtime(
     memory = build_memory(settings, store, embedder)
     await memory.check_model()
     await memory.repair_unembedded()
+    knowledge = build_knowledge(settings, db_engine, embedder)
+    await knowledge.resume_unfinished()
     system_prompt = settings.chat.system_prompt_file.read_text(encoding="utf-8").strip()
     facts = FactMemory(
         FactStore(store.sessionmaker),
@@ -217,19 +255,26 @@ async def build_runtime(
             max_content_chars=settings.chat.max_content_chars,
             max_import_messages=settings.chat.max_import_messages,
             max_pending_turns=settings.chat.max_pending_turns,
+            knowledge_k=settings.knowledge.retrieval_k,
+            knowledge_share=settings.knowledge.share,
         ),
         windows=windows,
         facts=facts,
+        knowledge=knowledge,
         on_new_messages=worker.notify if worker is not None else None,
     )
     if worker is not None:
         await worker.start()
-    return Runtime(db_engine, store, embedder, engine, memory, chat, facts, worker, owns_engine)
+    return Runtime(
+        db_engine, store, embedder, engine, memory, chat, facts, worker, owns_engine, knowledge
+    )
 
 
 async def close_runtime(runtime: Runtime) -> None:
     if runtime.fact_worker is not None:
         await runtime.fact_worker.stop()
+    if runtime.knowledge is not None:
+        await runtime.knowledge.close()
     runtime.memory.save()
     if runtime.owns_engine:
         await runtime.engine.close()
@@ -258,6 +303,9 @@ def create_app(
     def provide_fact_memory(state: State) -> FactMemory:
         return state.runtime.facts
 
+    def provide_knowledge(state: State) -> KnowledgeBase:
+        return state.runtime.knowledge
+
     def provide_sampling() -> SamplingDefaults:
         return sampling
 
@@ -272,9 +320,17 @@ def create_app(
         "chat_service": Provide(provide_chat_service, sync_to_thread=False),
         "fact_memory": Provide(provide_fact_memory, sync_to_thread=False),
         "sampling": Provide(provide_sampling, sync_to_thread=False),
+        "knowledge": Provide(provide_knowledge, sync_to_thread=False),
     }
     return Litestar(
-        route_handlers=[SessionController, MemoryController, FactController, healthz, readyz],
+        route_handlers=[
+            SessionController,
+            MemoryController,
+            FactController,
+            KnowledgeController,
+            healthz,
+            readyz,
+        ],
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],

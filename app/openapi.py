@@ -17,6 +17,7 @@ from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
 from app import schemas
+from app.knowledge_openapi import knowledge_contract
 from app.settings import Settings
 from retrieval.chat import max_reply_tokens
 from retrieval.text import WHITESPACE
@@ -133,6 +134,7 @@ def contract_document(
             "required": ["event", "data"],
         }
     }
+    knowledge_contract(patched, settings)
     return patched
 
 

@@ -9,7 +9,7 @@ from msgspec import Meta, Struct
 
 UserId = Annotated[str, Meta(min_length=1, max_length=255)]
 Role = Literal["user", "assistant", "system"]
-Kind = Literal["turn", "fact"]
+Kind = Literal["turn", "fact", "knowledge"]
 FactCategory = Literal["identity", "constraint", "preference", "relationship", "plan", "other"]
 FactText = Annotated[str, Meta(min_length=1, max_length=2000)]
 
@@ -79,6 +79,19 @@ class SectionTokens(Struct):
     recent: int
     new_message: int
     template: int
+    knowledge: int
+
+
+class KnowledgeUsed(Struct):
+    """A knowledge-base chunk in the prompt, shown under its document's title."""
+
+    kind: str
+    id: int
+    document_id: str
+    title: str
+    heading_path: str
+    text: str
+    score: float
 
 
 class PinnedFactUsed(Struct):
@@ -102,6 +115,7 @@ class ContextReport(Struct):
     summary_version: int
     summary_through_seq: int
     pruned_message_ids: list[int]
+    knowledge: list[KnowledgeUsed]
 
 
 class Usage(Struct):
@@ -144,24 +158,43 @@ class SearchRequest(Struct, forbid_unknown_fields=True):
     kinds: list[Kind] | None = None
 
 
-class SearchResult(Struct):
-    """A turn (`kind: turn`) or a fact (`kind: fact`, with its category and source turns)."""
+class SearchResult(Struct, tag_field="kind", tag="turn"):
+    """A past turn."""
 
-    kind: str
     id: int
+    session_id: str
+    external_id: str | None
+    role: str
+    name: str | None
     text: str
     score: float
     created_at: dt.datetime
-    session_id: str | None = None
-    external_id: str | None = None
-    role: str | None = None
-    name: str | None = None
-    category: str | None = None
-    source_message_ids: list[int] | None = None
+
+
+class FactResult(Struct, tag_field="kind", tag="fact"):
+    """A key fact (`created_at` is when it became valid), with the turns it came from."""
+
+    id: int
+    text: str
+    category: str
+    score: float
+    created_at: dt.datetime
+    source_message_ids: list[int]
+
+
+class KnowledgeResult(Struct, tag_field="kind", tag="knowledge"):
+    """A chunk of a knowledge-base document (`id` is the chunk's)."""
+
+    id: int
+    document_id: str
+    title: str
+    heading_path: str
+    text: str
+    score: float
 
 
 class SearchResponse(Struct):
-    results: list[SearchResult]
+    results: list[SearchResult | FactResult | KnowledgeResult]
 
 
 class ContextRequest(Struct, forbid_unknown_fields=True):
@@ -256,3 +289,36 @@ class Summary(Struct):
 
 class SummaryList(Struct):
     summaries: list[Summary]
+
+
+DocumentStatus = Literal["processing", "ready", "failed"]
+
+
+class KnowledgeCreate(Struct, forbid_unknown_fields=True):
+    title: Annotated[str, Meta(min_length=1, max_length=500)]
+    text: str
+    user_id: UserId | None = None
+    metadata: dict[str, Any] = {}
+
+
+class KnowledgeDocument(Struct):
+    """A document; `num_chunks_indexed` of `num_chunks` shows the progress of processing."""
+
+    id: str
+    user_id: str | None
+    title: str
+    metadata: dict[str, Any]
+    source: str
+    filename: str | None
+    content_hash: str
+    status: DocumentStatus
+    failure_reason: str | None
+    num_chars: int
+    num_chunks: int
+    num_chunks_indexed: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class KnowledgeDocumentList(Struct):
+    documents: list[KnowledgeDocument]

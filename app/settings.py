@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -28,7 +28,9 @@ class EmbedderSettings(BaseModel):
 
 
 class IndexSettings(BaseModel):
-    kind: Literal["faiss"] = "faiss"
+    # Where past turns' vectors live: "chroma" (embedded, or the server at MEMCHAT_CHROMA_URL)
+    # lets several API processes share them.
+    kind: Literal["faiss", "chroma"] = "faiss"
 
 
 class EngineSettings(BaseModel):
@@ -72,6 +74,25 @@ class FactSettings(BaseModel):
     prompt_file: Path = PROMPTS_DIR / "extract_facts.txt"
 
 
+class KnowledgeSettings(BaseModel):
+    """The knowledge base (documents in SQL, their vectors in Chroma)."""
+
+    retrieval_k: int = Field(3, ge=0, le=100, description="chunks per turn; 0 = none")
+    share: float = Field(0.2, ge=0, le=1, description="share of the prompt budget")
+    chunk_tokens: int = Field(160, ge=8, le=4096)
+    overlap_tokens: int = Field(32, ge=0, le=1024)
+    embed_batch_size: int = Field(64, ge=1)
+    inline_chunks: int = Field(64, ge=0, description="larger documents finish in the background")
+    max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    max_document_chars: int = Field(2_000_000, ge=1)
+
+    @model_validator(mode="after")
+    def _overlap_below_chunk(self) -> KnowledgeSettings:
+        if self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError("knowledge.overlap_tokens must be below knowledge.chunk_tokens")
+        return self
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMCHAT_", env_nested_delimiter="__", extra="ignore"
@@ -89,6 +110,11 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     chat: ChatSettings = ChatSettings()
     facts: FactSettings = FactSettings()
+    knowledge: KnowledgeSettings = KnowledgeSettings()
+    # None = embedded Chroma under the data dir; else a server, e.g. http://127.0.0.1:8001.
+    chroma_url: str | None = None
+    # Collection names start with it: deployments sharing a Chroma server never meet.
+    chroma_prefix: str = Field("memchat", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -9,7 +9,11 @@ Prints p50/p95 of the whole and of each stage. Then the cost of fact extraction:
 message in the background worker, and the latency of real chat turns (CPU engine, short
 replies, back to back) with extraction on and off. A benchmark: nothing here is asserted.
 
-    .venv/bin/python bench/overhead.py [--queries 200] [--sizes 1000 10000]
+Then the cost of knowledge retrieval per turn: the same measurement with no documents
+in the knowledge base, and again after ingesting `--documents` LoCoMo sessions as
+Markdown documents (half shared, half the user's own) into embedded Chroma.
+
+    .venv/bin/python bench/overhead.py [--queries 200] [--sizes 1000 10000] [--documents 107]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from app.factory import Runtime, build_runtime, close_runtime
 from app.settings import FactSettings, Settings
 from retrieval.chat import ImportedMessage
 from retrieval.facts.extract import rule_extractor
+from retrieval.knowledge import Upload
 from retrieval.protocols import SamplingParams
 from storage import migrate
 from storage.db import create_engine
@@ -47,6 +52,20 @@ def load_locomo(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
             number += 1
         questions.extend(qa["question"] for qa in item["qa"])
     return turns, questions
+
+
+def load_documents(path: Path) -> list[tuple[str, str]]:
+    """(title, Markdown text) of every LoCoMo session: one document per session."""
+    documents = []
+    for number, item in enumerate(json.loads(path.read_text(encoding="utf-8")), start=1):
+        conversation = item["conversation"]
+        session = 1
+        while f"session_{session}" in conversation:
+            lines = [f"# Conversation {number}, session {session}", ""]
+            lines += [f"{t['speaker']}: {t['text']}\n" for t in conversation[f"session_{session}"]]
+            documents.append((f"Conversation {number}.{session}", "\n".join(lines)))
+            session += 1
+    return documents
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -109,6 +128,16 @@ async def measure(
     print(summary("  search (FAISS, k=5)", search))
     print(summary("  the rest: SQL reads, assemble", assemble_rest))
     print(summary("  of which pinned facts read", pinned))
+    if runtime.knowledge is not None:
+        # Vectors first: timed right after an embedding, a search also pays for the ONNX
+        # Runtime threads still spinning on the two cores.
+        vectors = await runtime.memory.embed(questions[:num_queries])
+        knowledge = []
+        for vector in vectors:
+            t0 = time.perf_counter()
+            await runtime.knowledge.search(user.id, vector, 3)
+            knowledge.append(time.perf_counter() - t0)
+        print(summary("  knowledge search (k=3) alone", knowledge))
 
 
 async def measure_extraction(turns: list[tuple[str, str]], num_turns: int) -> None:
@@ -158,12 +187,32 @@ async def turn_latency(runtime: Runtime, kind: str, texts: list[str], num_turns:
     print(f"    {len(facts)} active facts; worker drained {drained * 1000:.1f} ms after last reply")
 
 
+async def ingest(runtime: Runtime, user_id: str, documents: list[tuple[str, str]]) -> None:
+    """Even documents shared, odd ones the user's own; reports chunks and time."""
+    assert runtime.knowledge is not None
+    t0 = time.perf_counter()
+    num_chunks = 0
+    for position, (title, text) in enumerate(documents):
+        owner = user_id if position % 2 else None
+        document, _owner, _created = await runtime.knowledge.add(
+            Upload(owner, title, text, {}, "md")
+        )
+        await runtime.knowledge.wait_idle()
+        num_chunks += (await runtime.knowledge.store.get_document(document.id))[0].num_chunks
+    elapsed = time.perf_counter() - t0
+    print(
+        f"\ningested {len(documents)} documents, {num_chunks} chunks in {elapsed:.1f} s"
+        f" ({num_chunks / elapsed:.0f} chunks/s); knowledge retrieval k=3 per turn"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--chat-turns", type=int, default=30)
+    parser.add_argument("--documents", type=int, default=107, help="LoCoMo sessions ingested")
     args = parser.parse_args()
     turns, questions = load_locomo(args.data)
     print(f"LoCoMo: {len(turns)} turns, {len(questions)} questions; {args.queries} timed queries")
@@ -181,6 +230,11 @@ async def main() -> None:
                 elapsed = time.perf_counter() - t0
                 print(f"\n{size} stored turns (imported {size - stored} in {elapsed:.1f} s)")
                 stored = size
+                print("(no knowledge documents)")
+                await measure(runtime, session_id, questions, args.queries)
+            if args.documents:
+                await ingest(runtime, "bench-user", load_documents(args.data)[: args.documents])
+                print(f"\n{stored} stored turns, with knowledge")
                 await measure(runtime, session_id, questions, args.queries)
         finally:
             await close_runtime(runtime)

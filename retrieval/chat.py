@@ -25,7 +25,8 @@ from retrieval.context import (
     RetrievedMemory,
 )
 from retrieval.errors import EngineBusyError, InvalidInputError
-from retrieval.facts.service import FactMemory
+from retrieval.facts.service import FactHit, FactMemory
+from retrieval.knowledge import KnowledgeBase, KnowledgeHit
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta, WindowTurn
 from retrieval.summary import SummaryState
@@ -46,6 +47,9 @@ class ChatConfig:
     max_import_messages: int = 1_000
     # Turns admitted at once (generating or waiting for the engine); more are refused.
     max_pending_turns: int = 8
+    # Knowledge-base chunks retrieved per turn, and their share of the prompt budget.
+    knowledge_k: int = 3
+    knowledge_share: float = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +141,10 @@ class ChatService:
         *,
         windows: WindowKeeper,
         facts: FactMemory | None = None,
+        knowledge: KnowledgeBase | None = None,
         on_new_messages: Callable[[int], None] | None = None,
     ) -> None:
+        self._knowledge = knowledge
         self._store = store
         self._windows = windows
         self._facts = facts
@@ -170,6 +176,7 @@ class ChatService:
             memory_share=self._config.memory_share,
             facts_share=self._config.facts_share,
             summary_share=self._config.summary_share,
+            knowledge_share=self._config.knowledge_share if self._knowledge else 0.0,
         )
 
     def validate_content(self, content: str, field: str = "content") -> None:
@@ -313,7 +320,10 @@ class ChatService:
             RecentTurn(t.message_id, t.role, t.name, t.text, t.token_count) for t in view.turns
         ]
         exclude = exclude | {t.message_id for t in recent}
-        hits = await self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude)
+        hits, knowledge = await asyncio.gather(
+            self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude),
+            self._knowledge_for(chat.user_pk, vector, self._config.knowledge_k),
+        )
         context = self._assembler.assemble(
             new_message=content,
             memories=await self._memories(chat.user_pk, hits),
@@ -321,6 +331,7 @@ class ChatService:
             budget=budget,
             pinned=pinned,
             summary=view.state.text,
+            knowledge=[hit.retrieved() for hit in knowledge],
         )
         report = replace(
             context.report,
@@ -338,6 +349,12 @@ class ChatService:
         if previous is not None:
             report = replace(report, prefix_reuse=shared_prefix(previous, tokens))
         return replace(context, report=report)
+
+    async def _knowledge_for(self, user_pk: int, vector: np.ndarray, k: int) -> list[KnowledgeHit]:
+        """The user's own and shared knowledge chunks closest to the message."""
+        if self._knowledge is None or k <= 0:
+            return []
+        return await self._knowledge.search(user_pk, vector, k)
 
     async def _rows_of(
         self, user_pk: int, hits: Sequence[ScoredId]
@@ -417,6 +434,27 @@ class ChatService:
     ) -> list[SearchHit]:
         self.validate_content(query, "query")
         vector = (await self._memory.embed([query]))[0]
+        return await self._search_turns(user, vector, k, session_id)
+
+    async def search_all(
+        self, user: User, query: str, k: int, session_id: str | None, kinds: Sequence[str]
+    ) -> list[SearchHit | FactHit | KnowledgeHit]:
+        """Past turns, key facts and/or knowledge chunks (as `kinds` says), merged best
+        first."""
+        self.validate_content(query, "query")
+        vector = (await self._memory.embed([query]))[0]
+        found: list[SearchHit | FactHit | KnowledgeHit] = []
+        if "turn" in kinds:
+            found += await self._search_turns(user, vector, k, session_id)
+        if "fact" in kinds and self._facts is not None:
+            found += await self._facts.search(user.id, vector, k)
+        if "knowledge" in kinds:
+            found += await self._knowledge_for(user.id, vector, k)
+        return sorted(found, key=lambda hit: -hit.score)[:k]
+
+    async def _search_turns(
+        self, user: User, vector: np.ndarray, k: int, session_id: str | None
+    ) -> list[SearchHit]:
         fetch = sys.maxsize if session_id is not None else k
         hits = await self._memory.search(user.id, vector, fetch)
         found: list[SearchHit] = []

@@ -2,11 +2,13 @@
 
 Layout, chosen so that consecutive turns share the longest possible prompt prefix:
 
-    [system prompt + pinned facts] [recent window, oldest first] [memories] [new user message]
+    [system prompt + pinned facts + summary] [recent window, oldest first]
+    [memories] [knowledge] [new user message]
 
-The system prompt and pinned facts change only when the facts do, and the recent window
-changes only by appending, so an engine with a prefix cache reuses them; retrieved
-memories, which change every turn, come last, just before the new message.
+The system prompt, pinned facts and summary change only when the facts do or the window
+is compacted, and the recent window changes only by appending, so an engine with a
+prefix cache reuses them; retrieved memories and knowledge chunks, which change every
+turn, come last, just before the new message.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ class RetrievedMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class RetrievedKnowledge:
+    """A chunk of a knowledge-base document, shown in the prompt under its title."""
+
+    chunk_id: int
+    document_id: str
+    title: str
+    heading_path: str
+    text: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
 class RecentTurn:
     message_id: int
     role: str
@@ -52,6 +66,7 @@ class ContextBudget:
     memory_share: float = 0.25
     facts_share: float = 0.15
     summary_share: float = 0.10
+    knowledge_share: float = 0.0
 
     @property
     def available(self) -> int:
@@ -76,6 +91,7 @@ class SectionTokens:
     recent: int
     new_message: int
     template: int
+    knowledge: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +113,7 @@ class ContextReport:
     summary_through_seq: int = 0
     # Small talk dropped from the window to keep it within budget.
     pruned_message_ids: tuple[int, ...] = ()
+    knowledge: tuple[RetrievedKnowledge, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +140,16 @@ def format_memory(memory: RetrievedMemory) -> str:
     speaker = memory.name or memory.role
     stamp = memory.created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
     return f"- [{stamp}] {speaker}: {memory.text}"
+
+
+KNOWLEDGE_HEADER = (
+    "Relevant knowledge (most relevant first; the title of its document in brackets):"
+)
+
+
+def format_knowledge(chunk: RetrievedKnowledge) -> str:
+    source = " > ".join(part for part in (chunk.title, chunk.heading_path) if part)
+    return f"- [{source}] {chunk.text}"
 
 
 def chat_role(role: str) -> str:
@@ -169,6 +196,7 @@ class ContextAssembler:
         budget: ContextBudget,
         pinned: Sequence[PinnedFact] = (),
         summary: str = "",
+        knowledge: Sequence[RetrievedKnowledge] = (),
     ) -> AssembledContext:
         content_tokens = self._engine.count_tokens(new_message)
         self.check_fits(content_tokens, budget)
@@ -177,29 +205,47 @@ class ContextAssembler:
         system = self.system_message(chosen_facts, summary)
         fixed = self._engine.count_prompt_tokens([system]) + self.message_tokens(content_tokens)
         chosen_memories = self._fit_memories(memories, budget.share(budget.memory_share))
-        memory_tokens = self._memory_section_tokens(chosen_memories)
-        chosen_recent = self._fit_recent(recent, available - fixed - memory_tokens)
-        messages = self._layout(system, new_message, chosen_memories, chosen_recent)
+        chosen_knowledge = self._fit_knowledge(knowledge, budget.share(budget.knowledge_share))
+        per_turn = self._memory_section_tokens(chosen_memories)
+        per_turn += self._knowledge_section_tokens(chosen_knowledge)
+        chosen_recent = self._fit_recent(recent, available - fixed - per_turn)
+
+        def layout() -> list[ChatMessage]:
+            return self._layout(
+                system, new_message, chosen_memories, chosen_recent, chosen_knowledge
+            )
+
+        messages = layout()
         prompt_tokens = self._engine.count_prompt_tokens(messages)
         # Estimates are per message; the exact count of the rendered prompt decides.
         while prompt_tokens > available and chosen_recent:
             chosen_recent = chosen_recent[1:]
-            messages = self._layout(system, new_message, chosen_memories, chosen_recent)
+            messages = layout()
             prompt_tokens = self._engine.count_prompt_tokens(messages)
         while prompt_tokens > available and chosen_memories:
             chosen_memories = chosen_memories[:-1]
-            messages = self._layout(system, new_message, chosen_memories, chosen_recent)
+            messages = layout()
+            prompt_tokens = self._engine.count_prompt_tokens(messages)
+        while prompt_tokens > available and chosen_knowledge:
+            chosen_knowledge = chosen_knowledge[:-1]
+            messages = layout()
             prompt_tokens = self._engine.count_prompt_tokens(messages)
         chosen_ids = {f.id for f in chosen_facts}
         report = ContextReport(
             memories=tuple(chosen_memories),
             recent_message_ids=tuple(t.message_id for t in chosen_recent),
-            sections=self._sections(messages, len(chosen_recent), prompt_tokens),
+            sections=self._sections(
+                messages,
+                len(chosen_recent),
+                prompt_tokens,
+                num_knowledge=int(bool(chosen_knowledge)),
+            ),
             prompt_tokens=prompt_tokens,
             context_window=budget.context_window,
             reply_tokens_reserved=budget.reply_tokens,
             pinned_facts=tuple(chosen_facts),
             facts_omitted=tuple(f.id for f in pinned if f.id not in chosen_ids),
+            knowledge=tuple(chosen_knowledge),
         )
         return AssembledContext(messages=tuple(messages), report=report)
 
@@ -218,14 +264,15 @@ class ContextAssembler:
     def window_budget(
         self, budget: ContextBudget, facts: Sequence[PinnedFact], content_tokens: int
     ) -> int:
-        """Tokens the recent window may hold with the summary and memories at their full
-        shares: a threshold that moves only when the pinned facts do."""
+        """Tokens the recent window may hold with the summary, memories and knowledge at
+        their full shares: a threshold that moves only when the pinned facts do."""
         system = self._engine.count_prompt_tokens([self.system_message(facts, "")])
         return (
             budget.available
             - system
             - budget.share(budget.summary_share)
             - budget.share(budget.memory_share)
+            - budget.share(budget.knowledge_share)
             - self.message_tokens(content_tokens)
         )
 
@@ -244,7 +291,11 @@ class ContextAssembler:
         return chosen
 
     def _sections(
-        self, messages: Sequence[ChatMessage], num_recent: int, prompt_tokens: int
+        self,
+        messages: Sequence[ChatMessage],
+        num_recent: int,
+        prompt_tokens: int,
+        num_knowledge: int = 0,
     ) -> SectionTokens:
         """Exact section sizes, as differences of whole-prompt counts of growing prefixes."""
         count = self._engine.count_prompt_tokens
@@ -256,15 +307,17 @@ class ContextAssembler:
         )
         with_system = count(messages[:1])
         with_recent = count(messages[: 1 + num_recent])
-        with_memories = count(messages[:-1])
+        with_memories = count(messages[: len(messages) - 1 - num_knowledge])
+        with_knowledge = count(messages[:-1])
         return SectionTokens(
             system=with_static - self._template_tokens,
             facts=with_facts - with_static,
             summary=with_system - with_facts,
             recent=with_recent - with_system,
             memories=with_memories - with_recent,
-            new_message=prompt_tokens - with_memories,
+            new_message=prompt_tokens - with_knowledge,
             template=self._template_tokens,
+            knowledge=with_knowledge - with_memories,
         )
 
     def _memory_section_tokens(self, memories: Sequence[RetrievedMemory]) -> int:
@@ -282,6 +335,25 @@ class ContextAssembler:
             if used + cost > limit:
                 continue
             chosen.append(memory)
+            used += cost
+        return chosen
+
+    def _knowledge_section_tokens(self, chunks: Sequence[RetrievedKnowledge]) -> int:
+        if not chunks:
+            return 0
+        return self.message_tokens(self._engine.count_tokens(_knowledge_text(chunks)))
+
+    def _fit_knowledge(
+        self, chunks: Sequence[RetrievedKnowledge], limit: int
+    ) -> list[RetrievedKnowledge]:
+        """The best chunks that fit the knowledge share, best first."""
+        chosen: list[RetrievedKnowledge] = []
+        used = self.message_tokens(self._engine.count_tokens(KNOWLEDGE_HEADER))
+        for chunk in chunks:
+            cost = self._engine.count_tokens(format_knowledge(chunk)) + 1
+            if used + cost > limit:
+                continue
+            chosen.append(chunk)
             used += cost
         return chosen
 
@@ -304,14 +376,21 @@ class ContextAssembler:
         new_message: str,
         memories: Sequence[RetrievedMemory],
         recent: Sequence[RecentTurn],
+        knowledge: Sequence[RetrievedKnowledge] = (),
     ) -> list[ChatMessage]:
         messages = [system]
         messages.extend(ChatMessage(chat_role(t.role), t.text) for t in recent)
         if memories:
             messages.append(ChatMessage("system", _memory_text(memories)))
+        if knowledge:
+            messages.append(ChatMessage("system", _knowledge_text(knowledge)))
         messages.append(ChatMessage("user", new_message))
         return messages
 
 
 def _memory_text(memories: Sequence[RetrievedMemory]) -> str:
     return "\n".join([MEMORY_HEADER, *(format_memory(m) for m in memories)])
+
+
+def _knowledge_text(chunks: Sequence[RetrievedKnowledge]) -> str:
+    return "\n".join([KNOWLEDGE_HEADER, *(format_knowledge(c) for c in chunks)])

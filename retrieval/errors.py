@@ -40,3 +40,19 @@ class EngineUnavailableError(EngineError):
 
 class EngineBusyError(EngineUnavailableError):
     """Too many turns are already waiting for the engine; nothing was stored."""
+
+
+class IndexUnavailableError(RetrievalError):
+    """A vector store (e.g. a Chroma server) cannot be reached or refused the operation."""
+
+
+class UnreadableDocumentError(InvalidInputError):
+    """An uploaded file that is empty, not text of the expected kind, or cannot be parsed."""
+
+
+class UnsupportedDocumentError(InvalidInputError):
+    """An uploaded file of a kind the knowledge base does not take."""
+
+
+class DocumentTooLargeError(InvalidInputError):
+    """An uploaded file or text over the configured size limit."""

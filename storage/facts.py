@@ -203,7 +203,12 @@ class FactStore:
             return [int(r[0]) for r in rows.all()]
 
 
+MAX_ID = 2**63 - 1
+
+
 async def _fact_and_user(session: AsyncSession, fact_id: int) -> tuple[Fact, User]:
+    if not 1 <= fact_id <= MAX_ID:  # no such row can exist; the driver would overflow
+        raise NotFoundError("fact", fact_id)
     row = (
         await session.execute(
             select(Fact, User).join(User, User.id == Fact.user_pk).where(Fact.id == fact_id)

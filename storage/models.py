@@ -177,3 +177,50 @@ class SessionSummary(Base):
     summarizer: Mapped[str] = mapped_column(String(64))
     token_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
+class KnowledgeDocument(Base):
+    """A document of the knowledge base: shared (no user) or one user's own.
+
+    `scope` is "shared" or "user:<user pk>": with `content_hash` it makes re-uploads of the
+    same text in the same scope find the stored document instead of adding a copy. The full
+    text is kept so that processing interrupted by a restart can resume from SQL alone.
+    """
+
+    __tablename__ = "knowledge_documents"
+    __table_args__ = (UniqueConstraint("scope", "content_hash"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    user_pk: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("users.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    scope: Mapped[str] = mapped_column(String(64))
+    title: Mapped[str] = mapped_column(String(500))
+    metadata_json: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    source: Mapped[str] = mapped_column(String(16))
+    filename: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    content: Mapped[str] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    num_chars: Mapped[int] = mapped_column(Integer)
+    num_chunks: Mapped[int] = mapped_column(Integer, default=0)
+    num_chunks_indexed: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
+class KnowledgeChunk(Base):
+    """One passage of a document, in order; `id` is its key in the vector index."""
+
+    __tablename__ = "knowledge_chunks"
+    __table_args__ = (UniqueConstraint("document_id", "ordinal"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    document_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("knowledge_documents.id", ondelete="CASCADE")
+    )
+    ordinal: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    token_count: Mapped[int] = mapped_column(Integer)
+    heading_path: Mapped[str] = mapped_column(String(1000), default="")

@@ -110,3 +110,12 @@ def real_engine() -> Iterator[Engine]:
 
     engine = LlamaCppEngine(default_model_path(), context_window=2048)
     yield engine
+
+
+@pytest.fixture(scope="session")
+def chroma_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real Chroma server for the whole run; tests keep apart by collection prefix."""
+    from tests.chroma_server import chroma_server
+
+    with chroma_server(tmp_path_factory.mktemp("chroma") / "server") as url:
+        yield url

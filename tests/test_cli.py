@@ -94,4 +94,6 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
     result = subprocess.run(
         [*MEMCHAT, "reindex"], env=cli_env(tmp_path), capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == "re-embedded and indexed 6 messages with all-MiniLM-L6-v2"
+    assert result.stdout.strip() == (
+        "re-embedded and indexed 6 messages and 0 knowledge chunks with all-MiniLM-L6-v2"
+    )

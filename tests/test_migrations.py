@@ -22,6 +22,8 @@ TABLES = {
     "facts",
     "fact_changes",
     "session_summaries",
+    "knowledge_documents",
+    "knowledge_chunks",
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
-from app.settings import ChatSettings, Settings
+from app.settings import ChatSettings, KnowledgeSettings, Settings
 from retrieval.context import (
     FACTS_HEADER,
     SUMMARY_HEADER,
@@ -201,6 +201,7 @@ def pruning_settings(tmp_path: Path, sqlite_url: str) -> Settings:
         chat=ChatSettings(
             system_prompt_file=prompt, memory_share=0.0, facts_share=0.0, summary_share=0.1
         ),
+        knowledge=KnowledgeSettings(share=0.0),
     )
 
 

@@ -47,6 +47,11 @@ async def strict_body(request: Request[Any, Any, Any], struct: type[T]) -> T:
         value = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise BadBodyError(400, f"the body is not valid JSON: {exc}") from exc
+    return convert_strict(value, struct)
+
+
+def convert_strict(value: Any, struct: type[T]) -> T:
+    """Decoded JSON (or form fields) to `struct`, with the same rules as JSON bodies."""
     try:
         return msgspec.convert(_normalise(value), type=struct, strict=True)
     except msgspec.ValidationError as exc:

@@ -19,7 +19,7 @@ from storage.repository import Store
 
 API_ACTOR = "api"
 UserIdPath = Annotated[str, Parameter(min_length=1, max_length=255)]
-FactIdPath = Annotated[int, Parameter(ge=1, le=2**63 - 1)]
+FactIdPath = int
 
 
 class FactController(Controller):

@@ -11,11 +11,12 @@ from app.errors import PROBLEM_JSON
 
 WHY = {
     400: "The body is not valid JSON.",
-    404: "No such session or user.",
+    404: "No such session, user or document.",
     409: "Conflicts with stored data.",
-    413: "The body exceeds the configured size cap.",
+    413: "The body (or an uploaded file) exceeds the configured size cap.",
+    415: "Not a supported media type (bodies) or file kind (.txt, .md, .pdf uploads).",
     422: "Invalid input; `errors` names each offending field.",
-    503: "A dependency (engine or database) is unavailable or busy; see Retry-After.",
+    503: "A dependency (engine, database or vector store) is unavailable or busy; see Retry-After.",
 }
 
 

@@ -1,0 +1,328 @@
+"""Transactions over the knowledge base: documents and their chunks (the source of truth).
+
+Vectors of chunks live only in the derived index; everything needed to rebuild it (the
+chunk texts and their scopes) is here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, insert, or_, select, update
+
+from storage.errors import ConflictError, NotFoundError
+from storage.models import KnowledgeChunk, KnowledgeDocument, User, utc_now
+from storage.repository import Store
+
+SHARED_SCOPE = "shared"
+PROCESSING = "processing"
+READY = "ready"
+FAILED = "failed"
+
+
+def scope_of(user_pk: int | None) -> str:
+    return SHARED_SCOPE if user_pk is None else f"user:{user_pk}"
+
+
+@dataclass(frozen=True, slots=True)
+class NewDocument:
+    user_external_id: str | None
+    title: str
+    metadata: dict[str, Any]
+    source: str
+    filename: str | None
+    content: str
+    content_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class NewChunk:
+    ordinal: int
+    text: str
+    token_count: int
+    heading_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A chunk with what retrieval shows of its document."""
+
+    id: int
+    document_id: str
+    user_pk: int | None
+    ordinal: int
+    text: str
+    token_count: int
+    heading_path: str
+    title: str
+
+
+_CHUNK_COLUMNS = (
+    KnowledgeChunk.id,
+    KnowledgeChunk.document_id,
+    KnowledgeDocument.user_pk,
+    KnowledgeChunk.ordinal,
+    KnowledgeChunk.text,
+    KnowledgeChunk.token_count,
+    KnowledgeChunk.heading_path,
+    KnowledgeDocument.title,
+)
+
+
+def _stored(rows: Sequence[Any]) -> list[StoredChunk]:
+    return [StoredChunk(*row) for row in rows]
+
+
+def _in_scope(user_pk: int | None) -> Any:
+    if user_pk is None:
+        return KnowledgeDocument.user_pk.is_(None)
+    return KnowledgeDocument.user_pk == user_pk
+
+
+class KnowledgeStore(Store):
+    """Documents are created in `processing`, gain chunks batch by batch, then turn `ready`
+    or `failed`; chunk ids are allocated by the database and never reused."""
+
+    async def add_document(self, new: NewDocument) -> tuple[KnowledgeDocument, str | None, bool]:
+        """The stored document of this content in this scope, or a new one in `processing`.
+
+        Returns (document, owner's user id, created). Creates the owning user if unknown.
+        """
+        try:
+            return await self._add_document(new)
+        except ConflictError:
+            # A concurrent upload of the same content won the race: answer with it.
+            return await self._add_document(new)
+
+    async def _add_document(self, new: NewDocument) -> tuple[KnowledgeDocument, str | None, bool]:
+        async with self._transaction() as session:
+            user_pk = None
+            if new.user_external_id is not None:
+                user = await session.scalar(
+                    select(User).where(User.external_id == new.user_external_id)
+                )
+                if user is None:
+                    user = User(external_id=new.user_external_id, created_at=utc_now())
+                    session.add(user)
+                    await session.flush()
+                user_pk = user.id
+            scope = scope_of(user_pk)
+            existing = await session.scalar(
+                select(KnowledgeDocument).where(
+                    KnowledgeDocument.scope == scope,
+                    KnowledgeDocument.content_hash == new.content_hash,
+                )
+            )
+            if existing is not None:
+                return existing, new.user_external_id, False
+            now = utc_now()
+            document = KnowledgeDocument(
+                id=str(uuid.uuid4()),
+                user_pk=user_pk,
+                scope=scope,
+                title=new.title,
+                metadata_json=new.metadata,
+                source=new.source,
+                filename=new.filename,
+                content=new.content,
+                content_hash=new.content_hash,
+                status=PROCESSING,
+                failure_reason=None,
+                num_chars=len(new.content),
+                num_chunks=0,
+                num_chunks_indexed=0,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(document)
+        return document, new.user_external_id, True
+
+    async def get_document(self, document_id: str) -> tuple[KnowledgeDocument, str | None]:
+        """A document and its owner's user id (None for shared knowledge)."""
+        async with self._transaction() as session:
+            row = (
+                await session.execute(
+                    select(KnowledgeDocument, User.external_id)
+                    .outerjoin(User, User.id == KnowledgeDocument.user_pk)
+                    .where(KnowledgeDocument.id == document_id)
+                )
+            ).first()
+        if row is None:
+            raise NotFoundError("document", document_id)
+        return row[0], row[1]
+
+    async def list_documents(self, user_pk: int | None) -> list[KnowledgeDocument]:
+        """Documents of one scope (a user's own, or shared when None), oldest first."""
+        async with self._transaction() as session:
+            rows = await session.scalars(
+                select(KnowledgeDocument)
+                .where(_in_scope(user_pk))
+                .order_by(KnowledgeDocument.created_at, KnowledgeDocument.id)
+            )
+            return list(rows.all())
+
+    async def list_document_ids_in_status(self, status: str) -> list[str]:
+        async with self._transaction() as session:
+            rows = await session.scalars(
+                select(KnowledgeDocument.id)
+                .where(KnowledgeDocument.status == status)
+                .order_by(KnowledgeDocument.created_at)
+            )
+            return list(rows.all())
+
+    async def start_processing(self, document_id: str, num_chunks: int) -> list[int]:
+        """(Re)start a document: status `processing`, planned chunk count, old chunks gone.
+
+        Returns the ids of the chunks removed, whose vectors the caller removes too.
+        """
+        async with self._transaction() as session:
+            old = await session.scalars(
+                select(KnowledgeChunk.id).where(KnowledgeChunk.document_id == document_id)
+            )
+            old_ids = [int(i) for i in old.all()]
+            await session.execute(
+                delete(KnowledgeChunk).where(KnowledgeChunk.document_id == document_id)
+            )
+            await self._set(session, document_id, PROCESSING, None, num_chunks, 0)
+        return old_ids
+
+    async def add_chunks(self, document_id: str, chunks: Sequence[NewChunk]) -> list[int]:
+        """Store one batch of chunks and count it as progress; returns their ids in order."""
+        async with self._transaction() as session:
+            ids = await session.scalars(
+                # Ids in the order of the chunks: they key the vectors of the same batch.
+                insert(KnowledgeChunk).returning(KnowledgeChunk.id, sort_by_parameter_order=True),
+                [
+                    {
+                        "document_id": document_id,
+                        "ordinal": c.ordinal,
+                        "text": c.text,
+                        "token_count": c.token_count,
+                        "heading_path": c.heading_path,
+                    }
+                    for c in chunks
+                ],
+            )
+            chunk_ids = [int(i) for i in ids.all()]
+            result = await session.execute(
+                update(KnowledgeDocument)
+                .where(KnowledgeDocument.id == document_id)
+                .values(
+                    num_chunks_indexed=KnowledgeDocument.num_chunks_indexed + len(chunks),
+                    updated_at=utc_now(),
+                )
+            )
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise NotFoundError("document", document_id)
+        return chunk_ids
+
+    async def finish_document(self, document_id: str, status: str, reason: str | None) -> None:
+        async with self._transaction() as session:
+            await self._set(session, document_id, status, reason)
+
+    async def _set(
+        self,
+        session: Any,
+        document_id: str,
+        status: str,
+        reason: str | None,
+        num_chunks: int | None = None,
+        num_indexed: int | None = None,
+    ) -> None:
+        values: dict[str, Any] = {
+            "status": status,
+            "failure_reason": reason,
+            "updated_at": utc_now(),
+        }
+        if num_chunks is not None:
+            values["num_chunks"] = num_chunks
+        if num_indexed is not None:
+            values["num_chunks_indexed"] = num_indexed
+        result = await session.execute(
+            update(KnowledgeDocument).where(KnowledgeDocument.id == document_id).values(**values)
+        )
+        if result.rowcount == 0:
+            raise NotFoundError("document", document_id)
+
+    async def delete_document(self, document_id: str) -> tuple[int | None, list[int]]:
+        """Delete a document and its chunks; returns its owner (None: shared) and chunk ids."""
+        async with self._transaction() as session:
+            document = await session.get(KnowledgeDocument, document_id)
+            if document is None:
+                raise NotFoundError("document", document_id)
+            ids = await session.scalars(
+                select(KnowledgeChunk.id).where(KnowledgeChunk.document_id == document_id)
+            )
+            chunk_ids = [int(i) for i in ids.all()]
+            user_pk = document.user_pk
+            await session.execute(
+                delete(KnowledgeChunk).where(KnowledgeChunk.document_id == document_id)
+            )
+            await session.delete(document)
+        return user_pk, chunk_ids
+
+    # Chunks for retrieval and for rebuilding the index --------------------------------
+
+    async def list_ready_chunks_by_id(
+        self, user_pks: Collection[int | None], ids: Sequence[int]
+    ) -> list[StoredChunk]:
+        """Chunks of ready documents in the given scopes, by id (order not kept)."""
+        if not ids:
+            return []
+        scopes = or_(*(_in_scope(pk) for pk in user_pks))
+        async with self._transaction() as session:
+            rows = await session.execute(
+                select(*_CHUNK_COLUMNS)
+                .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
+                .where(
+                    KnowledgeChunk.id.in_(list(ids)),
+                    KnowledgeDocument.status == READY,
+                    scopes,
+                )
+            )
+            return _stored(rows.all())
+
+    async def list_owners_with_documents(self, user_pks: Collection[int | None]) -> set[int | None]:
+        """Which of these scopes (a user pk, or None: shared) hold at least one document."""
+        async with self._transaction() as session:
+            rows = await session.scalars(
+                select(KnowledgeDocument.user_pk)
+                .where(or_(*(_in_scope(pk) for pk in user_pks)))
+                .distinct()
+            )
+            return set(rows.all())
+
+    async def list_chunk_ids(self, user_pk: int | None) -> set[int]:
+        """Ids of every stored chunk of one scope, whatever its document's status."""
+        async with self._transaction() as session:
+            rows = await session.scalars(
+                select(KnowledgeChunk.id)
+                .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
+                .where(_in_scope(user_pk))
+            )
+            return {int(i) for i in rows.all()}
+
+    async def list_chunks_after_id(
+        self, after_id: int, limit: int, ids: Collection[int] | None = None
+    ) -> list[StoredChunk]:
+        """Chunks in id order, a page at a time; only those in `ids` when given."""
+        query = (
+            select(*_CHUNK_COLUMNS)
+            .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
+            .where(KnowledgeChunk.id > after_id)
+            .order_by(KnowledgeChunk.id)
+            .limit(limit)
+        )
+        if ids is not None:
+            query = query.where(
+                KnowledgeChunk.id.in_([i for i in sorted(ids) if i > after_id][:limit])
+            )
+        async with self._transaction() as session:
+            return _stored((await session.execute(query)).all())
+
+    async def count_chunks(self) -> int:
+        async with self._transaction() as session:
+            return int(await session.scalar(select(func.count(KnowledgeChunk.id))) or 0)

@@ -1,0 +1,140 @@
+"""One contract for every VectorIndex: FAISS, embedded Chroma and a Chroma server.
+
+Exact ranked ids and inner-product scores, exclusion, replacement, removal, scopes kept
+apart, persistence across a fresh instance, missing and wrong-dimension scopes, reset
+and drop_all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrieval.protocols import VectorIndex
+
+Factory = Callable[[int], VectorIndex]
+
+
+def unit(*values: float) -> np.ndarray:
+    vector = np.asarray(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def _faiss(tmp_path: Path) -> Factory:
+    from retrieval.indexes.faiss import FaissIndex
+
+    return lambda dimension: FaissIndex(tmp_path / "faiss", dimension)
+
+
+def _chroma_embedded(tmp_path: Path) -> Factory:
+    from chromadb.api.client import SharedSystemClient
+
+    from retrieval.indexes.chroma import ChromaIndex, embedded_client
+
+    def make(dimension: int) -> VectorIndex:
+        # A fresh client, as in a new process: Chroma otherwise shares one per path.
+        SharedSystemClient.clear_system_cache()
+        connect = embedded_client(tmp_path / "chroma")
+        return ChromaIndex(connect, dimension, namespace="contract")
+
+    return make
+
+
+def _chroma_server(url: str) -> Factory:
+    from retrieval.indexes.chroma import ChromaIndex, server_client
+
+    prefix = f"t{uuid.uuid4().hex[:12]}"  # this test's own collections on the shared server
+    return lambda dimension: ChromaIndex(
+        server_client(url), dimension, namespace="contract", prefix=prefix
+    )
+
+
+@pytest.fixture(params=["faiss", "chroma-embedded", "chroma-server"])
+def make_index(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
+    if request.param == "faiss":
+        return _faiss(tmp_path)
+    if request.param == "chroma-embedded":
+        return _chroma_embedded(tmp_path)
+    return _chroma_server(request.getfixturevalue("chroma_server_url"))
+
+
+VECTORS = {10: unit(1, 0, 0), 11: unit(1, 1, 0), 12: unit(0, 0, 1), 13: unit(1, 0.5, 0.2)}
+
+
+@pytest.fixture
+def index(make_index: Factory) -> VectorIndex:
+    index = make_index(3)
+    assert index.load(1).status == "missing"
+    index.add(1, list(VECTORS), np.stack(list(VECTORS.values())))
+    index.add(2, [20, 10], np.stack([unit(1, 0, 0), unit(0, 1, 0)]))
+    return index
+
+
+def test_search_ranks_by_inner_product_with_exact_scores(index: VectorIndex) -> None:
+    query = unit(1, 0.1, 0)
+    hits = index.search(1, query, k=4)
+    assert [h.id for h in hits] == [10, 13, 11, 12]
+    expected = [float(VECTORS[h.id] @ query) for h in hits]
+    assert [h.score for h in hits] == pytest.approx(expected, abs=1e-5)
+    assert [h.id for h in index.search(1, query, k=2)] == [10, 13]
+
+
+def test_scopes_never_answer_each_other(index: VectorIndex) -> None:
+    # Id 10 is in both scopes with different vectors; each scope answers with its own.
+    assert [h.id for h in index.search(2, unit(1, 0, 0), k=5)] == [20, 10]
+    assert index.search(2, unit(0, 1, 0), k=1)[0].id == 10
+    assert index.search(2, unit(0, 1, 0), k=1)[0].score == pytest.approx(1.0, abs=1e-5)
+    assert index.search(3, unit(1, 0, 0), k=5) == []
+    assert index.list_ids(1) == {10, 11, 12, 13}
+    assert index.list_ids(2) == {10, 20}
+
+
+def test_exclusion_still_returns_k_results(index: VectorIndex) -> None:
+    hits = index.search(1, unit(1, 0.1, 0), k=2, exclude={10, 13})
+    assert [h.id for h in hits] == [11, 12]
+
+
+def test_readding_an_id_replaces_its_vector(index: VectorIndex) -> None:
+    index.add(1, [12], unit(1, 0.05, 0)[None, :])
+    assert index.list_ids(1) == {10, 11, 12, 13}
+    assert [h.id for h in index.search(1, unit(1, 0, 0), k=4)] == [10, 12, 13, 11]
+
+
+def test_remove_only_touches_its_scope(index: VectorIndex) -> None:
+    index.remove(1, {10, 99})
+    assert index.list_ids(1) == {11, 12, 13}
+    assert [h.id for h in index.search(1, unit(1, 0, 0), k=5)] == [13, 11, 12]
+    assert index.list_ids(2) == {10, 20}
+
+
+def test_persist_and_reload_in_a_fresh_instance(index: VectorIndex, make_index: Factory) -> None:
+    index.save()
+    reloaded = make_index(3)
+    assert not reloaded.is_loaded(1)
+    result = reloaded.load(1)
+    assert (result.status, result.ids) == ("loaded", {10, 11, 12, 13})
+    assert reloaded.is_loaded(1)
+    assert [h.id for h in reloaded.search(1, unit(0, 0, 1), k=2)] == [12, 13]
+    assert reloaded.load(7).status == "missing"
+
+
+def test_a_scope_of_another_dimension_is_corrupt(index: VectorIndex, make_index: Factory) -> None:
+    index.save()
+    other = make_index(4)
+    assert other.load(1).status == "corrupt"
+    assert other.list_ids(1) == set()
+
+
+def test_reset_and_drop_all(index: VectorIndex) -> None:
+    index.reset(1)
+    assert index.list_ids(1) == set()
+    assert index.search(1, unit(1, 0, 0), k=3) == []
+    assert index.list_ids(2) == {10, 20}
+    index.save()
+    index.drop_all()
+    assert index.list_ids(2) == set()
+    assert index.search(2, unit(1, 0, 0), k=3) == []
