@@ -26,11 +26,12 @@ from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
 from app.routes.health import healthz, readyz
 from app.routes.memory import MemoryController
 from app.routes.sessions import SamplingDefaults, SessionController
-from app.settings import EmbedderSettings, EngineSettings, Settings
+from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
 from retrieval.chat import ChatConfig, ChatService
 from retrieval.context import ContextAssembler
-from retrieval.memory import TurnMemory
+from retrieval.memory import RetrievalConfig, TurnMemory
 from retrieval.protocols import Embedder, Engine, VectorIndex
+from retrieval.turn_text import TextRecipe
 from storage import migrate
 from storage.db import create_engine, create_sessionmaker
 from storage.repository import Store
@@ -119,8 +120,23 @@ def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
     )
 
 
+def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
+    return RetrievalConfig(
+        mode=settings.mode,
+        dense_text=TextRecipe(**settings.dense_text.model_dump()),
+        lexical_text=TextRecipe(**settings.lexical_text.model_dump()),
+        num_candidates=settings.num_candidates,
+        rrf_c=settings.rrf_c,
+        dense_weight=settings.dense_weight,
+        lexical_weight=settings.lexical_weight,
+        duplicate_threshold=settings.duplicate_threshold,
+    )
+
+
 def build_memory(settings: Settings, store: Store, embedder: Embedder) -> TurnMemory:
-    return TurnMemory(store, embedder, build_index(settings, embedder))
+    return TurnMemory(
+        store, embedder, build_index(settings, embedder), retrieval_config(settings.retrieval)
+    )
 
 
 async def check_schema(db_engine: AsyncEngine) -> None:

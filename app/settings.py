@@ -55,6 +55,27 @@ class ChatSettings(BaseModel):
     max_pending_turns: int = Field(8, ge=1)
 
 
+class TurnTextSettings(BaseModel):
+    """What is indexed for each turn besides its content (see retrieval/turn_text.py)."""
+
+    speaker: bool = False
+    date: bool = False
+    caption: bool = False
+    previous: int = Field(0, ge=0, le=5)
+
+
+class RetrievalSettings(BaseModel):
+    mode: Literal["dense", "lexical", "hybrid"] = "dense"
+    dense_text: TurnTextSettings = TurnTextSettings()
+    lexical_text: TurnTextSettings = TurnTextSettings()
+    num_candidates: int = Field(100, ge=1)
+    rrf_c: float = Field(60.0, gt=0)
+    dense_weight: float = Field(1.0, ge=0)
+    lexical_weight: float = Field(1.0, ge=0)
+    # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
+    duplicate_threshold: float = Field(2.0, gt=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMCHAT_", env_nested_delimiter="__", extra="ignore"
@@ -71,6 +92,7 @@ class Settings(BaseSettings):
     index: IndexSettings = IndexSettings()
     engine: EngineSettings = EngineSettings()
     chat: ChatSettings = ChatSettings()
+    retrieval: RetrievalSettings = RetrievalSettings()
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -101,6 +101,7 @@ class ImportedMessage:
     name: str | None = None
     created_at: dt.datetime | None = None
     external_id: str | None = None
+    image_caption: str | None = None
 
 
 TurnEvent = TurnStarted | TextDelta | TurnResult
@@ -320,7 +321,9 @@ class ChatService:
         The report says how many leading tokens the prompt shares with the session's
         previous one; a turn (not a preview) then becomes that previous prompt.
         """
-        hits = await self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude)
+        hits = await self._memory.search(
+            chat.user_pk, vector, self._config.retrieval_k, exclude, query=content
+        )
         context = self._assembler.assemble(
             new_message=content,
             memories=await self._memories(chat.user_pk, hits),
@@ -396,6 +399,7 @@ class ChatService:
                 name=m.name,
                 created_at=m.created_at,
                 external_id=m.external_id,
+                image_caption=m.image_caption,
             )
             for m in messages
         ]
@@ -410,7 +414,7 @@ class ChatService:
         self.validate_content(query, "query")
         vector = (await self._memory.embed([query]))[0]
         fetch = sys.maxsize if session_id is not None else k
-        hits = await self._memory.search(user.id, vector, fetch)
+        hits = await self._memory.search(user.id, vector, fetch, query=query)
         found: list[SearchHit] = []
         # With a session filter every hit is ranked; rows are read a page at a time.
         page = k if session_id is None else max(4 * k, 200)

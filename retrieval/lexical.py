@@ -1,0 +1,148 @@
+"""Lexical search: BM25 over the indexed text of turns, one in-memory index per user.
+
+Derived state, like the vector index: it is built from SQL when a user's memory is
+first used and kept in step by the same calls that add and forget turns, so it never
+needs a file of its own and can never disagree with SQL after a restart.
+
+Tokens: Latin-script words are lower-cased, English stop words dropped and the rest
+stemmed (Snowball), so "painted" matches "painting". Text without spaces (Chinese,
+Japanese, Korean) is cut into single characters and overlapping character pairs: 我对花生过敏
+yields 花, 生, 花生, ... and is found by 花生; pairs keep multi-character words ahead of
+texts that merely share their characters. Other scripts are split on word boundaries.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import snowballstemmer
+
+from retrieval.protocols import ScoredId
+
+# Han, Hiragana, Katakana, Hangul syllables, and CJK compatibility ideographs.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_TOKEN = re.compile(f"[{_CJK}]+|[^\\W_{_CJK}]+", re.UNICODE)
+_CJK_RUN = re.compile(f"[{_CJK}]")
+
+_STOP_WORDS_TEXT = """
+a about above after again against all am an and any are as at be because been before being
+below between both but by can could did do does doing down during each few for from further
+had has have having he her here hers herself him himself his how i if in into is it its
+itself just me more most my myself no nor not now of off on once only or other our ours
+ourselves out over own same she should so some such than that the their theirs them
+themselves then there these they this those through to too under until up very was we were
+what when where which while who whom why will with would you your yours yourself
+yourselves s t d ll m re ve
+"""
+STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
+
+_stemmer = snowballstemmer.stemmer("english")
+
+
+@lru_cache(maxsize=65536)
+def _stem(word: str) -> str:
+    return _stemmer.stemWord(word)
+
+
+def tokenize(text: str) -> list[str]:
+    """Index terms of a text, in order (see the module docstring)."""
+    tokens: list[str] = []
+    for piece in _TOKEN.findall(unicodedata.normalize("NFKC", text).lower()):
+        if _CJK_RUN.match(piece):
+            tokens.extend(piece)
+            tokens.extend(piece[i : i + 2] for i in range(len(piece) - 1))
+        elif piece not in STOP_WORDS:
+            tokens.append(_stem(piece) if piece.isascii() else piece)
+    return tokens
+
+
+@dataclass
+class _Scope:
+    lengths: dict[int, int] = field(default_factory=dict)
+    terms: dict[int, Counter[str]] = field(default_factory=dict)
+    postings: dict[str, dict[int, int]] = field(default_factory=dict)
+    total_length: int = 0
+
+
+class LexicalIndex:
+    """Okapi BM25 (k1, b) over documents keyed by message id, partitioned by scope (user)."""
+
+    def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
+        self._k1 = k1
+        self._b = b
+        self._scopes: dict[int, _Scope] = {}
+
+    def is_loaded(self, scope: int) -> bool:
+        return scope in self._scopes
+
+    def reset(self, scope: int) -> None:
+        self._scopes[scope] = _Scope()
+
+    def add(self, scope: int, ids: Sequence[int], texts: Sequence[str]) -> None:
+        """Index texts; an id already present is replaced."""
+        index = self._scopes.setdefault(scope, _Scope())
+        self._remove(index, ids)
+        for doc_id, text in zip(ids, texts, strict=True):
+            counts = Counter(tokenize(text))
+            index.terms[doc_id] = counts
+            index.lengths[doc_id] = sum(counts.values())
+            index.total_length += index.lengths[doc_id]
+            for term, count in counts.items():
+                index.postings.setdefault(term, {})[doc_id] = count
+
+    def remove(self, scope: int, ids: Iterable[int]) -> None:
+        index = self._scopes.get(scope)
+        if index is not None:
+            self._remove(index, ids)
+
+    @staticmethod
+    def _remove(index: _Scope, ids: Iterable[int]) -> None:
+        for doc_id in ids:
+            counts = index.terms.pop(doc_id, None)
+            if counts is None:
+                continue
+            index.total_length -= index.lengths.pop(doc_id)
+            for term in counts:
+                posting = index.postings[term]
+                del posting[doc_id]
+                if not posting:
+                    del index.postings[term]
+
+    def list_ids(self, scope: int) -> set[int]:
+        index = self._scopes.get(scope)
+        return set(index.terms) if index is not None else set()
+
+    def search(
+        self, scope: int, query: str, k: int, exclude: Collection[int] = ()
+    ) -> list[ScoredId]:
+        """The k best documents by BM25, best first; ties broken by the lower id."""
+        index = self._scopes.get(scope)
+        if index is None or not index.terms or k <= 0:
+            return []
+        num_docs = len(index.terms)
+        average = index.total_length / num_docs
+        scores: dict[int, float] = {}
+        for term in set(tokenize(query)):
+            posting = index.postings.get(term)
+            if not posting:
+                continue
+            idf = math.log(1 + (num_docs - len(posting) + 0.5) / (len(posting) + 0.5))
+            norm = self._k1 * (1 - self._b) / 1.0
+            scale = self._k1 * self._b / average
+            for doc_id, count in posting.items():
+                denominator = count + norm + scale * index.lengths[doc_id]
+                scores[doc_id] = (
+                    scores.get(doc_id, 0.0) + idf * count * (self._k1 + 1) / denominator
+                )
+        best = heapq.nsmallest(
+            k,
+            ((-score, doc_id) for doc_id, score in scores.items() if doc_id not in exclude),
+        )
+        return [ScoredId(doc_id, -negative) for negative, doc_id in best]
