@@ -29,6 +29,7 @@ from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
 from retrieval.chat import ChatConfig, ChatService
 from retrieval.context import ContextAssembler
+from retrieval.lexical import Feedback
 from retrieval.memory import RetrievalConfig, TurnMemory
 from retrieval.protocols import Embedder, Engine, VectorIndex
 from retrieval.turn_text import TextRecipe
@@ -130,6 +131,11 @@ def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
         dense_weight=settings.dense_weight,
         lexical_weight=settings.lexical_weight,
         duplicate_threshold=settings.duplicate_threshold,
+        feedback=Feedback(
+            num_docs=settings.feedback_docs,
+            num_terms=settings.feedback_terms,
+            weight=settings.feedback_weight,
+        ),
     )
 
 

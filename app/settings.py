@@ -74,6 +74,10 @@ class RetrievalSettings(BaseModel):
     lexical_weight: float = Field(1.0, ge=0)
     # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
     duplicate_threshold: float = Field(2.0, gt=0)
+    # Pseudo-relevance feedback of the lexical search (0 documents: off).
+    feedback_docs: int = Field(0, ge=0, le=20)
+    feedback_terms: int = Field(10, ge=0, le=50)
+    feedback_weight: float = Field(0.3, ge=0, le=1)
 
 
 class Settings(BaseSettings):

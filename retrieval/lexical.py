@@ -71,12 +71,23 @@ class _Scope:
     total_length: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """Pseudo-relevance feedback: add the best `num_terms` terms of the first `num_docs`
+    results to the query at `weight` (0 docs or 0 terms: off)."""
+
+    num_docs: int = 0
+    num_terms: int = 0
+    weight: float = 0.3
+
+
 class LexicalIndex:
     """Okapi BM25 (k1, b) over documents keyed by message id, partitioned by scope (user)."""
 
-    def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
+    def __init__(self, k1: float = 1.2, b: float = 0.75, feedback: Feedback | None = None) -> None:
         self._k1 = k1
         self._b = b
+        self._feedback = feedback or Feedback()
         self._scopes: dict[int, _Scope] = {}
 
     def is_loaded(self, scope: int) -> bool:
@@ -122,27 +133,59 @@ class LexicalIndex:
     def search(
         self, scope: int, query: str, k: int, exclude: Collection[int] = ()
     ) -> list[ScoredId]:
-        """The k best documents by BM25, best first; ties broken by the lower id."""
+        """The k best documents by BM25, best first; ties broken by the lower id.
+
+        With pseudo-relevance feedback on, the query is first run as is, then widened by
+        the terms that best characterise its top documents (weighted by their share of
+        each document and their idf) at a lower weight, and run again: a question worded
+        unlike the turn that answers it still shares words with that turn's neighbours.
+        """
         index = self._scopes.get(scope)
         if index is None or not index.terms or k <= 0:
             return []
+        weights = dict.fromkeys(tokenize(query), 1.0)
+        if self._feedback.num_docs and self._feedback.num_terms:
+            first = self._rank(index, weights, self._feedback.num_docs, exclude)
+            for term in self._expansion(index, first, weights):
+                weights[term] = self._feedback.weight
+        return self._rank(index, weights, k, exclude)
+
+    def _idf(self, index: _Scope, term: str) -> float:
         num_docs = len(index.terms)
-        average = index.total_length / num_docs
+        df = len(index.postings[term])
+        return math.log(1 + (num_docs - df + 0.5) / (df + 0.5))
+
+    def _rank(
+        self, index: _Scope, weights: dict[str, float], k: int, exclude: Collection[int]
+    ) -> list[ScoredId]:
+        average = index.total_length / len(index.terms)
         scores: dict[int, float] = {}
-        for term in set(tokenize(query)):
+        for term, weight in weights.items():
             posting = index.postings.get(term)
             if not posting:
                 continue
-            idf = math.log(1 + (num_docs - len(posting) + 0.5) / (len(posting) + 0.5))
-            norm = self._k1 * (1 - self._b) / 1.0
-            scale = self._k1 * self._b / average
+            gain = weight * self._idf(index, term) * (self._k1 + 1)
             for doc_id, count in posting.items():
-                denominator = count + norm + scale * index.lengths[doc_id]
-                scores[doc_id] = (
-                    scores.get(doc_id, 0.0) + idf * count * (self._k1 + 1) / denominator
-                )
+                length = index.lengths[doc_id] / average
+                denominator = count + self._k1 * (1 - self._b + self._b * length)
+                scores[doc_id] = scores.get(doc_id, 0.0) + gain * count / denominator
         best = heapq.nsmallest(
             k,
             ((-score, doc_id) for doc_id, score in scores.items() if doc_id not in exclude),
         )
         return [ScoredId(doc_id, -negative) for negative, doc_id in best]
+
+    def _expansion(
+        self, index: _Scope, top: Sequence[ScoredId], query_terms: Collection[str]
+    ) -> list[str]:
+        """The feedback terms of the top documents, best first (ties: the smaller term)."""
+        value: dict[str, float] = {}
+        for hit in top:
+            counts = index.terms[hit.id]
+            length = index.lengths[hit.id]
+            for term, count in counts.items():
+                if term not in query_terms:
+                    share = count / length * self._idf(index, term)
+                    value[term] = value.get(term, 0.0) + share
+        ordered = sorted(value, key=lambda term: (-value[term], term))
+        return ordered[: self._feedback.num_terms]

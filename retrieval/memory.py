@@ -23,7 +23,7 @@ import structlog
 
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion
-from retrieval.lexical import LexicalIndex, tokenize
+from retrieval.lexical import Feedback, LexicalIndex, tokenize
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
 from retrieval.turn_text import TextRecipe, TurnText, indexed_texts
 from storage.models import Message
@@ -52,6 +52,7 @@ class RetrievalConfig:
     dense_weight: float = 1.0
     lexical_weight: float = 1.0
     duplicate_threshold: float = 0.9
+    feedback: Feedback = field(default_factory=Feedback)
 
 
 def turn_text(message: Message) -> TurnText:
@@ -83,7 +84,7 @@ class TurnMemory:
         self._embedder = embedder
         self._index = index
         self._config = config or RetrievalConfig(mode="dense", duplicate_threshold=2.0)
-        self._lexical = LexicalIndex()
+        self._lexical = LexicalIndex(feedback=self._config.feedback)
         self._fingerprints: dict[int, frozenset[str]] = {}
         self._texts_loaded: set[int] = set()
         self._scope_locks: dict[int, asyncio.Lock] = {}
@@ -274,7 +275,7 @@ class TurnMemory:
         """Re-embed every stored message with the configured model and rebuild the index."""
         await self._store.delete_all_embeddings()
         self._index.drop_all()
-        self._lexical = LexicalIndex()
+        self._lexical = LexicalIndex(feedback=self._config.feedback)
         self._fingerprints.clear()
         self._texts_loaded.clear()
         num_messages = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrieval.lexical import LexicalIndex, tokenize
+from retrieval.lexical import Feedback, LexicalIndex, tokenize
 
 
 def test_english_words_are_stemmed_and_stop_words_dropped() -> None:
@@ -78,3 +78,23 @@ def test_exclude_replace_remove_and_scopes() -> None:
     assert [h.id for h in index.search(2, "red car", k=5)] == [9]
     assert index.search(3, "red", k=5) == []
     assert index.search(1, "the of", k=5) == []  # stop words only
+
+
+def test_feedback_widens_the_query_with_terms_of_the_top_documents() -> None:
+    texts = {
+        1: "we adopted a puppy named Rex",
+        2: "Rex loves chasing balls on the beach",
+        3: "the weather is nice today",
+    }
+    plain = build(texts)
+    assert [h.id for h in plain.search(1, "puppy", k=5)] == [1]
+    widened = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=3, weight=0.3))
+    widened.add(1, list(texts), list(texts.values()))
+    # Rex, named after the first hit, brings in the second turn; the third shares nothing.
+    hits = widened.search(1, "puppy", k=5)
+    assert [h.id for h in hits] == [1, 2]
+    assert hits[0].score > hits[1].score
+    # Chinese text gets the same treatment (all of the first hit's other terms are added).
+    chinese = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=20, weight=0.3))
+    chinese.add(1, [1, 2, 3], ["我的小狗叫旺财", "旺财喜欢海边", "今天下雨"])
+    assert [h.id for h in chinese.search(1, "小狗", k=5)] == [1, 2]
