@@ -135,7 +135,9 @@ def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
             num_docs=settings.feedback_docs,
             num_terms=settings.feedback_terms,
             weight=settings.feedback_weight,
+            min_corpus=settings.feedback_min_turns,
         ),
+        context_weight=settings.context_weight,
     )
 
 

@@ -91,7 +91,7 @@ async def measure(
         t1 = time.perf_counter()
         vector = (await runtime.memory.embed([question]))[0]
         t2 = time.perf_counter()
-        await runtime.memory.search(user.id, vector, 5)
+        await runtime.memory.search(user.id, vector, 5, query=question)
         t3 = time.perf_counter()
         embed.append(t2 - t1)
         search.append(t3 - t2)
@@ -99,7 +99,7 @@ async def measure(
         assemble_rest.append(max(0.0, whole[-1] - (t3 - t1)))
     print(summary("embed + search + assemble", whole))
     print(summary("  embed (MiniLM, 1 query)", embed))
-    print(summary("  search (FAISS, k=5)", search))
+    print(summary("  search (FAISS + BM25, k=5)", search))
     print(summary("  the rest: SQL reads, assemble", assemble_rest))
 
 

@@ -13,7 +13,6 @@ texts that merely share their characters. Other scripts are split on word bounda
 
 from __future__ import annotations
 
-import heapq
 import math
 import re
 import unicodedata
@@ -22,6 +21,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
 import snowballstemmer
 
 from retrieval.protocols import ScoredId
@@ -65,28 +65,54 @@ def tokenize(text: str) -> list[str]:
 
 @dataclass
 class _Scope:
-    lengths: dict[int, int] = field(default_factory=dict)
+    lengths: dict[int, float] = field(default_factory=dict)
     terms: dict[int, Counter[str]] = field(default_factory=dict)
     postings: dict[str, dict[int, int]] = field(default_factory=dict)
-    total_length: int = 0
+    total_length: float = 0.0
+    # Per term: (doc ids, counts, doc lengths) as arrays, rebuilt after the term changes.
+    arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def posting_arrays(self, term: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        cached = self.arrays.get(term)
+        if cached is None:
+            posting = self.postings.get(term)
+            if not posting:
+                return None
+            ids = np.fromiter(posting.keys(), dtype=np.int64, count=len(posting))
+            counts = np.fromiter(posting.values(), dtype=np.float64, count=len(posting))
+            lengths = np.fromiter(
+                (self.lengths[i] for i in posting), dtype=np.float64, count=len(posting)
+            )
+            cached = self.arrays[term] = (ids, counts, lengths)
+        return cached
 
 
 @dataclass(frozen=True, slots=True)
 class Feedback:
     """Pseudo-relevance feedback: add the best `num_terms` terms of the first `num_docs`
-    results to the query at `weight` (0 docs or 0 terms: off)."""
+    results to the query at `weight` (0 docs or 0 terms: off). Only for users with at
+    least `min_corpus` turns: in a handful of turns the first results are most of the
+    corpus, not a telling few, and feedback would only echo them."""
 
     num_docs: int = 0
     num_terms: int = 0
     weight: float = 0.3
+    min_corpus: int = 50
 
 
 class LexicalIndex:
     """Okapi BM25 (k1, b) over documents keyed by message id, partitioned by scope (user)."""
 
-    def __init__(self, k1: float = 1.2, b: float = 0.75, feedback: Feedback | None = None) -> None:
+    def __init__(
+        self,
+        k1: float = 1.2,
+        b: float = 0.75,
+        feedback: Feedback | None = None,
+        context_weight: float = 1.0,
+    ) -> None:
         self._k1 = k1
         self._b = b
+        self._context_weight = context_weight
         self._feedback = feedback or Feedback()
         self._scopes: dict[int, _Scope] = {}
 
@@ -96,17 +122,29 @@ class LexicalIndex:
     def reset(self, scope: int) -> None:
         self._scopes[scope] = _Scope()
 
-    def add(self, scope: int, ids: Sequence[int], texts: Sequence[str]) -> None:
-        """Index texts; an id already present is replaced."""
+    def add(
+        self,
+        scope: int,
+        ids: Sequence[int],
+        texts: Sequence[str],
+        contexts: Sequence[str] | None = None,
+    ) -> None:
+        """Index texts, each with an optional context whose terms count `context_weight`
+        times (so a turn's neighbour helps find it without outranking the turn that
+        says it); an id already present is replaced."""
         index = self._scopes.setdefault(scope, _Scope())
         self._remove(index, ids)
-        for doc_id, text in zip(ids, texts, strict=True):
-            counts = Counter(tokenize(text))
+        contexts = contexts if contexts is not None else [""] * len(texts)
+        for doc_id, text, context in zip(ids, texts, contexts, strict=True):
+            counts: Counter[str] = Counter(tokenize(text))
+            for term in tokenize(context):
+                counts[term] += self._context_weight
             index.terms[doc_id] = counts
             index.lengths[doc_id] = sum(counts.values())
             index.total_length += index.lengths[doc_id]
             for term, count in counts.items():
                 index.postings.setdefault(term, {})[doc_id] = count
+                index.arrays.pop(term, None)
 
     def remove(self, scope: int, ids: Iterable[int]) -> None:
         index = self._scopes.get(scope)
@@ -123,6 +161,7 @@ class LexicalIndex:
             for term in counts:
                 posting = index.postings[term]
                 del posting[doc_id]
+                index.arrays.pop(term, None)
                 if not posting:
                     del index.postings[term]
 
@@ -144,7 +183,8 @@ class LexicalIndex:
         if index is None or not index.terms or k <= 0:
             return []
         weights = dict.fromkeys(tokenize(query), 1.0)
-        if self._feedback.num_docs and self._feedback.num_terms:
+        feedback = self._feedback
+        if feedback.num_docs and feedback.num_terms and len(index.terms) >= feedback.min_corpus:
             first = self._rank(index, weights, self._feedback.num_docs, exclude)
             for term in self._expansion(index, first, weights):
                 weights[term] = self._feedback.weight
@@ -158,22 +198,29 @@ class LexicalIndex:
     def _rank(
         self, index: _Scope, weights: dict[str, float], k: int, exclude: Collection[int]
     ) -> list[ScoredId]:
+        """BM25 over the postings of the weighted terms, in numpy (a name may be in every
+        turn of a user: its posting is then as long as the user's history)."""
         average = index.total_length / len(index.terms)
-        scores: dict[int, float] = {}
+        found_ids: list[np.ndarray] = []
+        found_scores: list[np.ndarray] = []
         for term, weight in weights.items():
-            posting = index.postings.get(term)
-            if not posting:
+            arrays = index.posting_arrays(term)
+            if arrays is None:
                 continue
+            ids, counts, lengths = arrays
             gain = weight * self._idf(index, term) * (self._k1 + 1)
-            for doc_id, count in posting.items():
-                length = index.lengths[doc_id] / average
-                denominator = count + self._k1 * (1 - self._b + self._b * length)
-                scores[doc_id] = scores.get(doc_id, 0.0) + gain * count / denominator
-        best = heapq.nsmallest(
-            k,
-            ((-score, doc_id) for doc_id, score in scores.items() if doc_id not in exclude),
-        )
-        return [ScoredId(doc_id, -negative) for negative, doc_id in best]
+            norms = self._k1 * (1 - self._b + self._b * lengths / average)
+            found_ids.append(ids)
+            found_scores.append(gain * counts / (counts + norms))
+        if not found_ids:
+            return []
+        doc_ids, positions = np.unique(np.concatenate(found_ids), return_inverse=True)
+        scores = np.bincount(positions, weights=np.concatenate(found_scores))
+        if exclude:
+            keep = ~np.isin(doc_ids, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))
+            doc_ids, scores = doc_ids[keep], scores[keep]
+        order = np.lexsort((doc_ids, -scores))[:k]
+        return [ScoredId(int(doc_ids[i]), float(scores[i])) for i in order]
 
     def _expansion(
         self, index: _Scope, top: Sequence[ScoredId], query_terms: Collection[str]

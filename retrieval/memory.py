@@ -25,7 +25,7 @@ from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion
 from retrieval.lexical import Feedback, LexicalIndex, tokenize
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
-from retrieval.turn_text import TextRecipe, TurnText, indexed_texts
+from retrieval.turn_text import TextRecipe, TurnText, indexed_parts, indexed_texts
 from storage.models import Message
 from storage.repository import Store, StoredVector
 
@@ -53,6 +53,8 @@ class RetrievalConfig:
     lexical_weight: float = 1.0
     duplicate_threshold: float = 0.9
     feedback: Feedback = field(default_factory=Feedback)
+    # Terms of neighbouring turns count this much in a turn's lexical document.
+    context_weight: float = 1.0
 
 
 def turn_text(message: Message) -> TurnText:
@@ -84,10 +86,15 @@ class TurnMemory:
         self._embedder = embedder
         self._index = index
         self._config = config or RetrievalConfig(mode="dense", duplicate_threshold=2.0)
-        self._lexical = LexicalIndex(feedback=self._config.feedback)
+        self._lexical = self._new_lexical()
         self._fingerprints: dict[int, frozenset[str]] = {}
         self._texts_loaded: set[int] = set()
         self._scope_locks: dict[int, asyncio.Lock] = {}
+
+    def _new_lexical(self) -> LexicalIndex:
+        return LexicalIndex(
+            feedback=self._config.feedback, context_weight=self._config.context_weight
+        )
 
     @property
     def embedder(self) -> Embedder:
@@ -160,13 +167,15 @@ class TurnMemory:
         """Index `messages` (in session order); `turns` may hold earlier context first."""
         wanted = {m.id for m in messages}
         by_key = {(m.session_id, m.seq): m.id for m in messages}
-        texts = indexed_texts(self._config.lexical_text, turns)
-        pairs = [
-            (by_key[(t.session_id, t.seq)], text)
-            for t, text in zip(turns, texts, strict=True)
+        parts = indexed_parts(self._config.lexical_text, turns)
+        chosen = [
+            (by_key[(t.session_id, t.seq)], own, context)
+            for t, (own, context) in zip(turns, parts, strict=True)
             if by_key.get((t.session_id, t.seq)) in wanted
         ]
-        self._lexical.add(user_pk, [i for i, _ in pairs], [text for _, text in pairs])
+        self._lexical.add(
+            user_pk, [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen]
+        )
         for message in messages:
             self._fingerprints[message.id] = frozenset(tokenize(message.content))
 
@@ -275,7 +284,7 @@ class TurnMemory:
         """Re-embed every stored message with the configured model and rebuild the index."""
         await self._store.delete_all_embeddings()
         self._index.drop_all()
-        self._lexical = LexicalIndex(feedback=self._config.feedback)
+        self._lexical = self._new_lexical()
         self._fingerprints.clear()
         self._texts_loaded.clear()
         num_messages = 0

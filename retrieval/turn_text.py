@@ -60,33 +60,43 @@ def format_date(value: dt.datetime) -> str:
     return f"{value.day} {value:%B %Y}"
 
 
-def indexed_text(recipe: TextRecipe, turn: TurnText, previous: Sequence[TurnText] = ()) -> str:
-    """The turn first (truncating embedders keep it), then its context.
-
-    `previous` holds the turns before this one in its session, oldest first; only the
-    last `recipe.previous` are used.
-    """
+def own_text(recipe: TextRecipe, turn: TurnText) -> str:
+    """The turn with its speaker, caption and date, as the recipe asks."""
     text = f"{speaker_of(turn)}: {turn.content}" if recipe.speaker else turn.content
     if recipe.caption and turn.image_caption:
         text += f" [image: {turn.image_caption}]"
     if recipe.date:
         text += f" (on {format_date(turn.created_at)})"
-    if recipe.previous:
-        for earlier in previous[-recipe.previous :]:
-            snippet = earlier.content[:PREVIOUS_CHARS]
-            text += f"\n(after {speaker_of(earlier)}: {snippet})"
     return text
 
 
-def indexed_texts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[str]:
-    """Indexed texts of turns given in order within each session (sessions may interleave):
-    the turns before one in its own session serve as its context."""
-    texts = []
+def context_text(recipe: TextRecipe, previous: Sequence[TurnText]) -> str:
+    """The last `recipe.previous` of the turns before one (oldest first), each cut short."""
+    if not recipe.previous:
+        return ""
+    return "".join(
+        f"\n(after {speaker_of(earlier)}: {earlier.content[:PREVIOUS_CHARS]})"
+        for earlier in previous[-recipe.previous :]
+    )
+
+
+def indexed_text(recipe: TextRecipe, turn: TurnText, previous: Sequence[TurnText] = ()) -> str:
+    """The turn first (truncating embedders keep it), then its context."""
+    return own_text(recipe, turn) + context_text(recipe, previous)
+
+
+def indexed_parts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[tuple[str, str]]:
+    """(own text, context text) of turns given in order within each session (sessions may
+    interleave): the turns before one in its own session are its context."""
+    parts = []
     seen: dict[str, list[TurnText]] = {}
     for turn in turns:
         earlier = seen.setdefault(turn.session_id, [])
-        texts.append(
-            indexed_text(recipe, turn, earlier[-recipe.previous :] if recipe.previous else ())
-        )
+        parts.append((own_text(recipe, turn), context_text(recipe, earlier)))
         earlier.append(turn)
-    return texts
+    return parts
+
+
+def indexed_texts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[str]:
+    """Indexed texts (own text then context) of turns, as `indexed_parts` orders them."""
+    return [own + context for own, context in indexed_parts(recipe, turns)]

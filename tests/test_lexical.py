@@ -88,13 +88,29 @@ def test_feedback_widens_the_query_with_terms_of_the_top_documents() -> None:
     }
     plain = build(texts)
     assert [h.id for h in plain.search(1, "puppy", k=5)] == [1]
-    widened = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=3, weight=0.3))
+    widened = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=3, weight=0.3, min_corpus=3))
     widened.add(1, list(texts), list(texts.values()))
     # Rex, named after the first hit, brings in the second turn; the third shares nothing.
     hits = widened.search(1, "puppy", k=5)
     assert [h.id for h in hits] == [1, 2]
     assert hits[0].score > hits[1].score
     # Chinese text gets the same treatment (all of the first hit's other terms are added).
-    chinese = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=20, weight=0.3))
+    chinese = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=20, weight=0.3, min_corpus=3))
     chinese.add(1, [1, 2, 3], ["我的小狗叫旺财", "旺财喜欢海边", "今天下雨"])
     assert [h.id for h in chinese.search(1, "小狗", k=5)] == [1, 2]
+    # Below the corpus size feedback needs, the query runs as given.
+    small = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=3, weight=0.3, min_corpus=4))
+    small.add(1, list(texts), list(texts.values()))
+    assert [h.id for h in small.search(1, "puppy", k=5)] == [1]
+
+
+def test_context_terms_count_less_than_the_turns_own() -> None:
+    index = LexicalIndex(context_weight=0.5)
+    index.add(1, [1, 2], ["我妹妹住在上海", "Take a look!"], ["好的，我记住了", "我妹妹住在上海"])
+    # The turn that says it outranks the next turn that merely follows it.
+    assert [h.id for h in index.search(1, "我妹妹住在哪里", k=5)] == [1, 2]
+    assert [h.id for h in index.search(1, "好的", k=5)] == [1]  # found by its context alone
+    equal = LexicalIndex(context_weight=1.0)
+    equal.add(1, [1, 2], ["我妹妹住在上海", "Take a look!"], ["好的，我记住了", "我妹妹住在上海"])
+    # Counted in full, the shorter neighbour would win.
+    assert [h.id for h in equal.search(1, "我妹妹住在哪里", k=5)] == [2, 1]
