@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from storage import migrate
 from tests.live import MEMCHAT, cli_env, serving
 
 
@@ -16,7 +17,7 @@ def test_migrate_creates_the_database(tmp_path: Path) -> None:
     result = subprocess.run(
         [*MEMCHAT, "migrate"], env=cli_env(tmp_path), capture_output=True, text=True, check=True
     )
-    assert "database at revision 0001" in result.stdout
+    assert f"database at revision {migrate.head_revision()}" in result.stdout
     assert (tmp_path / "memchat.db").exists()
 
 
