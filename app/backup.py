@@ -37,7 +37,7 @@ class SessionRecord(msgspec.Struct, tag="session", forbid_unknown_fields=True):
     created_at: dt.datetime
 
 
-class MessageRecord(msgspec.Struct, tag="message", forbid_unknown_fields=True):
+class MessageRecord(msgspec.Struct, tag="message", forbid_unknown_fields=True, omit_defaults=True):
     session_id: str
     seq: int
     role: Literal["user", "assistant", "system"]
@@ -46,6 +46,8 @@ class MessageRecord(msgspec.Struct, tag="message", forbid_unknown_fields=True):
     created_at: dt.datetime
     external_id: str | None
     token_count: int
+    # Only written when set, so exports without captions read as before.
+    image_caption: str | None = None
 
 
 Record = Header | SessionRecord | MessageRecord
@@ -80,6 +82,7 @@ async def export_user(store: Store, user_id: str) -> Iterator[bytes]:
                     created_at=as_utc(m.created_at),
                     external_id=m.external_id,
                     token_count=m.token_count,
+                    image_caption=m.image_caption,
                 )
             )
             for m in messages
@@ -144,6 +147,7 @@ async def import_user(
                     token_count=m.token_count,
                     name=m.name,
                     external_id=m.external_id,
+                    image_caption=m.image_caption,
                 )
                 for m in messages
             ],

@@ -28,7 +28,7 @@ from app.routes.health import healthz, readyz
 from app.routes.knowledge import KnowledgeController
 from app.routes.memory import MemoryController
 from app.routes.sessions import SamplingDefaults, SessionController
-from app.settings import EmbedderSettings, EngineSettings, Settings
+from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
 from retrieval.chat import ChatConfig, ChatService
 from retrieval.context import ContextAssembler
 from retrieval.facts.extract import rule_extractor
@@ -36,7 +36,8 @@ from retrieval.facts.llm import LlmFactExtractor
 from retrieval.facts.service import FactMemory
 from retrieval.facts.worker import FactWorker
 from retrieval.knowledge import KnowledgeBase, KnowledgeConfig
-from retrieval.memory import TurnMemory
+from retrieval.lexical import Feedback
+from retrieval.memory import RetrievalConfig, TurnMemory
 from retrieval.protocols import (
     Embedder,
     Engine,
@@ -46,6 +47,7 @@ from retrieval.protocols import (
     VectorIndex,
 )
 from retrieval.summary import ExtractiveSummarizer, LlmSummarizer
+from retrieval.turn_text import TextRecipe
 from retrieval.window import WindowConfig, WindowKeeper
 from storage import migrate
 from storage.db import create_engine, create_sessionmaker
@@ -173,8 +175,30 @@ def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
     )
 
 
+def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
+    return RetrievalConfig(
+        mode=settings.mode,
+        dense_text=TextRecipe(**settings.dense_text.model_dump()),
+        lexical_text=TextRecipe(**settings.lexical_text.model_dump()),
+        num_candidates=settings.num_candidates,
+        rrf_c=settings.rrf_c,
+        dense_weight=settings.dense_weight,
+        lexical_weight=settings.lexical_weight,
+        duplicate_threshold=settings.duplicate_threshold,
+        feedback=Feedback(
+            num_docs=settings.feedback_docs,
+            num_terms=settings.feedback_terms,
+            weight=settings.feedback_weight,
+            min_corpus=settings.feedback_min_turns,
+        ),
+        context_weight=settings.context_weight,
+    )
+
+
 def build_memory(settings: Settings, store: Store, embedder: Embedder) -> TurnMemory:
-    return TurnMemory(store, embedder, build_index(settings, embedder))
+    return TurnMemory(
+        store, embedder, build_index(settings, embedder), retrieval_config(settings.retrieval)
+    )
 
 
 def build_fact_extractor(settings: Settings, engine: Engine) -> FactExtractor:

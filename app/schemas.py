@@ -139,6 +139,8 @@ class HistoryMessage(Struct, forbid_unknown_fields=True):
     name: Annotated[str, Meta(max_length=255)] | None = None
     created_at: dt.datetime | None = None
     external_id: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    # What an image shared with the turn shows: indexed for search, not shown in results.
+    image_caption: Annotated[str, Meta(max_length=2000)] | None = None
 
 
 class HistoryImport(Struct, forbid_unknown_fields=True):

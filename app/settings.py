@@ -93,6 +93,39 @@ class KnowledgeSettings(BaseModel):
         return self
 
 
+class TurnTextSettings(BaseModel):
+    """What is indexed for each turn besides its content (see retrieval/turn_text.py)."""
+
+    speaker: bool = False
+    date: bool = False
+    caption: bool = False
+    previous: int = Field(0, ge=0, le=5)
+
+
+class RetrievalSettings(BaseModel):
+    """Turn retrieval. Defaults chosen on two LoCoMo conversations and checked on two
+    others (bench/RESULTS.md); changing `dense_text` needs `memchat reindex`."""
+
+    mode: Literal["dense", "lexical", "hybrid"] = "hybrid"
+    dense_text: TurnTextSettings = TurnTextSettings(speaker=True)
+    lexical_text: TurnTextSettings = TurnTextSettings(
+        speaker=True, date=True, caption=True, previous=2
+    )
+    num_candidates: int = Field(100, ge=1)
+    rrf_c: float = Field(60.0, gt=0)
+    dense_weight: float = Field(0.25, ge=0)
+    lexical_weight: float = Field(1.0, ge=0)
+    # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
+    duplicate_threshold: float = Field(0.9, gt=0)
+    # Pseudo-relevance feedback of the lexical search (0 documents: off).
+    feedback_docs: int = Field(3, ge=0, le=20)
+    feedback_terms: int = Field(10, ge=0, le=50)
+    feedback_weight: float = Field(0.3, ge=0, le=1)
+    feedback_min_turns: int = Field(50, ge=0)
+    # Terms of the neighbouring turns count this much in a turn's lexical document.
+    context_weight: float = Field(0.5, ge=0, le=1)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMCHAT_", env_nested_delimiter="__", extra="ignore"
@@ -115,6 +148,7 @@ class Settings(BaseSettings):
     chroma_url: str | None = None
     # Collection names start with it: deployments sharing a Chroma server never meet.
     chroma_prefix: str = Field("memchat", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
+    retrieval: RetrievalSettings = RetrievalSettings()
 
     def resolved_database_url(self) -> str:
         if self.database_url:

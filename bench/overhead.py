@@ -114,7 +114,7 @@ async def measure(
         t1 = time.perf_counter()
         vector = (await runtime.memory.embed([question]))[0]
         t2 = time.perf_counter()
-        await runtime.memory.search(user.id, vector, 5)
+        await runtime.memory.search(user.id, vector, 5, query=question)
         t3 = time.perf_counter()
         await runtime.facts.pinned(user.id)
         t4 = time.perf_counter()
@@ -125,7 +125,7 @@ async def measure(
         assemble_rest.append(max(0.0, whole[-1] - (t3 - t1)))
     print(summary("embed + search + assemble", whole))
     print(summary("  embed (MiniLM, 1 query)", embed))
-    print(summary("  search (FAISS, k=5)", search))
+    print(summary("  search (FAISS + BM25, k=5)", search))
     print(summary("  the rest: SQL reads, assemble", assemble_rest))
     print(summary("  of which pinned facts read", pinned))
     if runtime.knowledge is not None:

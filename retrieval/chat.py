@@ -108,6 +108,7 @@ class ImportedMessage:
     name: str | None = None
     created_at: dt.datetime | None = None
     external_id: str | None = None
+    image_caption: str | None = None
 
 
 TurnEvent = TurnStarted | TextDelta | TurnResult
@@ -321,7 +322,9 @@ class ChatService:
         ]
         exclude = exclude | {t.message_id for t in recent}
         hits, knowledge = await asyncio.gather(
-            self._memory.search(chat.user_pk, vector, self._config.retrieval_k, exclude),
+            self._memory.search(
+                chat.user_pk, vector, self._config.retrieval_k, exclude, query=content
+            ),
             self._knowledge_for(chat.user_pk, vector, self._config.knowledge_k),
         )
         context = self._assembler.assemble(
@@ -412,6 +415,7 @@ class ChatService:
                 name=m.name,
                 created_at=m.created_at,
                 external_id=m.external_id,
+                image_caption=m.image_caption,
             )
             for m in messages
         ]
@@ -434,7 +438,7 @@ class ChatService:
     ) -> list[SearchHit]:
         self.validate_content(query, "query")
         vector = (await self._memory.embed([query]))[0]
-        return await self._search_turns(user, vector, k, session_id)
+        return await self._search_turns(user, query, vector, k, session_id)
 
     async def search_all(
         self, user: User, query: str, k: int, session_id: str | None, kinds: Sequence[str]
@@ -445,7 +449,7 @@ class ChatService:
         vector = (await self._memory.embed([query]))[0]
         found: list[SearchHit | FactHit | KnowledgeHit] = []
         if "turn" in kinds:
-            found += await self._search_turns(user, vector, k, session_id)
+            found += await self._search_turns(user, query, vector, k, session_id)
         if "fact" in kinds and self._facts is not None:
             found += await self._facts.search(user.id, vector, k)
         if "knowledge" in kinds:
@@ -453,10 +457,10 @@ class ChatService:
         return sorted(found, key=lambda hit: -hit.score)[:k]
 
     async def _search_turns(
-        self, user: User, vector: np.ndarray, k: int, session_id: str | None
+        self, user: User, query: str, vector: np.ndarray, k: int, session_id: str | None
     ) -> list[SearchHit]:
         fetch = sys.maxsize if session_id is not None else k
-        hits = await self._memory.search(user.id, vector, fetch)
+        hits = await self._memory.search(user.id, vector, fetch, query=query)
         found: list[SearchHit] = []
         # With a session filter every hit is ranked; rows are read a page at a time.
         page = k if session_id is None else max(4 * k, 200)

@@ -1,21 +1,31 @@
-"""Turn memory: embeddings kept in SQL and mirrored into a per-user vector index.
+"""Turn memory: embeddings kept in SQL and mirrored into a per-user vector index, plus a
+per-user lexical (BM25) index, searched together.
 
 Invariant: every vector in the index is also in SQL (`message_embeddings`). The index
 is loaded per user on first use and reconciled with SQL then (missing ids added from
 stored vectors, extra ids removed), so a lost, stale or corrupt file never means lost
-memories and never needs the embedder.
+memories and never needs the embedder. The lexical index has no file: it is built from
+the user's stored turns on first use and kept in step by `index_messages` and `forget`.
+
+What is indexed for a turn is its indexed text (`retrieval.turn_text`); the recipe of
+the dense text is part of the stored model name, so vectors of another recipe are
+refused at start like vectors of another model (`memchat reindex` rebuilds them).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import structlog
 
 from retrieval.errors import EmbeddingModelMismatchError
+from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion
+from retrieval.lexical import Feedback, LexicalIndex, tokenize
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
+from retrieval.turn_text import TextRecipe, TurnText, indexed_parts, indexed_texts
 from storage.models import Message
 from storage.repository import Store, StoredVector
 
@@ -24,58 +34,165 @@ log = structlog.get_logger(__name__)
 REPAIR_BATCH_SIZE = 256
 
 
+@dataclass(frozen=True, slots=True)
+class RetrievalConfig:
+    """How turns are indexed and searched.
+
+    mode: "dense" (vectors only), "lexical" (BM25 only) or "hybrid" (both, fused by
+    weighted reciprocal rank over each one's best `num_candidates`).
+    duplicate_threshold: a hit whose terms overlap a better hit's by at least this
+    Jaccard share is dropped (above 1: never).
+    """
+
+    mode: str = "hybrid"
+    dense_text: TextRecipe = field(default_factory=TextRecipe)
+    lexical_text: TextRecipe = field(default_factory=TextRecipe)
+    num_candidates: int = 100
+    rrf_c: float = 60.0
+    dense_weight: float = 1.0
+    lexical_weight: float = 1.0
+    duplicate_threshold: float = 0.9
+    feedback: Feedback = field(default_factory=Feedback)
+    # Terms of neighbouring turns count this much in a turn's lexical document.
+    context_weight: float = 1.0
+
+
+def turn_text(message: Message) -> TurnText:
+    return TurnText(
+        session_id=message.session_id,
+        seq=message.seq,
+        role=message.role,
+        name=message.name,
+        content=message.content,
+        created_at=message.created_at,
+        image_caption=message.image_caption,
+    )
+
+
 def text_for_embedding(message: Message) -> str:
+    """The raw turn: what the plain ("raw") recipe embeds."""
     return message.content
 
 
 class TurnMemory:
-    def __init__(self, store: Store, embedder: Embedder, index: VectorIndex) -> None:
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder,
+        index: VectorIndex,
+        config: RetrievalConfig | None = None,
+    ) -> None:
         self._store = store
         self._embedder = embedder
         self._index = index
+        self._config = config or RetrievalConfig(mode="dense", duplicate_threshold=2.0)
+        self._lexical = self._new_lexical()
+        self._fingerprints: dict[int, frozenset[str]] = {}
+        self._texts_loaded: set[int] = set()
         self._scope_locks: dict[int, asyncio.Lock] = {}
+
+    def _new_lexical(self) -> LexicalIndex:
+        return LexicalIndex(
+            feedback=self._config.feedback, context_weight=self._config.context_weight
+        )
 
     @property
     def embedder(self) -> Embedder:
         return self._embedder
 
+    @property
+    def vector_model(self) -> str:
+        """The name stored with each vector: the model, and the text recipe unless raw."""
+        recipe = self._config.dense_text
+        name = self._embedder.model_name
+        return name if recipe.is_raw else f"{name}#{recipe.tag()}"
+
+    @property
+    def _needs_texts(self) -> bool:
+        return self._config.mode != "dense" or self._config.duplicate_threshold <= 1
+
     async def check_model(self) -> None:
-        """Refuse to mix vectors of different models: the fix is a full reindex."""
-        wanted = (self._embedder.model_name, self._embedder.dimension)
+        """Refuse to mix vectors of different models or texts: the fix is a full reindex."""
+        wanted = (self.vector_model, self._embedder.dimension)
         for model, dimension in await self._store.list_embedding_models():
             if (model, dimension) != wanted:
                 raise EmbeddingModelMismatchError(
                     f"stored vectors were made by {model!r} (dimension {dimension}) but the "
-                    f"configured embedder is {wanted[0]!r} (dimension {wanted[1]}); "
-                    "run `memchat reindex` to re-embed every stored turn"
+                    f"configured embedder and turn text give {wanted[0]!r} (dimension "
+                    f"{wanted[1]}); run `memchat reindex` to re-embed every stored turn"
                 )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return await asyncio.to_thread(self._embedder.embed, list(texts))
 
     async def ensure_scope(self, user_pk: int) -> None:
-        if self._index.is_loaded(user_pk):
+        if self._index.is_loaded(user_pk) and self._texts_ready(user_pk):
             return
         lock = self._scope_locks.setdefault(user_pk, asyncio.Lock())
         async with lock:
-            if self._index.is_loaded(user_pk):
-                return
-            result = self._index.load(user_pk)
-            sql_ids = await self._store.list_user_vector_ids(user_pk)
-            extra = result.ids - sql_ids
-            missing = sql_ids - result.ids
-            self._index.remove(user_pk, extra)
-            if missing:
-                stored = await self._store.list_user_vectors(user_pk, missing)
-                self._add_stored(user_pk, stored)
-            if result.status != "loaded" or extra or missing:
-                log.info(
-                    "index_scope_reconciled",
-                    scope=user_pk,
-                    status=result.status,
-                    num_added=len(missing),
-                    num_removed=len(extra),
-                )
+            if not self._index.is_loaded(user_pk):
+                await self._reconcile_vectors(user_pk)
+            if not self._texts_ready(user_pk):
+                await self._load_texts(user_pk)
+
+    def _texts_ready(self, user_pk: int) -> bool:
+        return not self._needs_texts or user_pk in self._texts_loaded
+
+    async def _reconcile_vectors(self, user_pk: int) -> None:
+        result = self._index.load(user_pk)
+        sql_ids = await self._store.list_user_vector_ids(user_pk)
+        extra = result.ids - sql_ids
+        missing = sql_ids - result.ids
+        self._index.remove(user_pk, extra)
+        if missing:
+            stored = await self._store.list_user_vectors(user_pk, missing)
+            self._add_stored(user_pk, stored)
+        if result.status != "loaded" or extra or missing:
+            log.info(
+                "index_scope_reconciled",
+                scope=user_pk,
+                status=result.status,
+                num_added=len(missing),
+                num_removed=len(extra),
+            )
+
+    async def _load_texts(self, user_pk: int) -> None:
+        """Build the user's lexical index and fingerprints from every stored turn."""
+        messages = await self._store.list_user_messages(user_pk)
+        self._lexical.reset(user_pk)
+        self._add_texts(user_pk, messages, [turn_text(m) for m in messages])
+        self._texts_loaded.add(user_pk)
+
+    def _add_texts(self, user_pk: int, messages: Sequence[Message], turns: list[TurnText]) -> None:
+        """Index `messages` (in session order); `turns` may hold earlier context first."""
+        wanted = {m.id for m in messages}
+        by_key = {(m.session_id, m.seq): m.id for m in messages}
+        parts = indexed_parts(self._config.lexical_text, turns)
+        chosen = [
+            (by_key[(t.session_id, t.seq)], own, context)
+            for t, (own, context) in zip(turns, parts, strict=True)
+            if by_key.get((t.session_id, t.seq)) in wanted
+        ]
+        self._lexical.add(
+            user_pk, [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen]
+        )
+        for message in messages:
+            self._fingerprints[message.id] = frozenset(tokenize(message.content))
+
+    async def _with_context(self, messages: Sequence[Message]) -> list[TurnText]:
+        """The turns of `messages` and the earlier turns their indexed texts need, in
+        session order."""
+        depth = max(self._config.dense_text.previous, self._config.lexical_text.previous)
+        have = {(m.session_id, m.seq) for m in messages}
+        wanted = {
+            (m.session_id, m.seq - back)
+            for m in messages
+            for back in range(1, depth + 1)
+            if m.seq - back > 0
+        } - have
+        earlier = await self._store.list_messages_by_seq(wanted) if wanted else []
+        turns = [turn_text(m) for m in [*messages, *earlier]]
+        return sorted(turns, key=lambda t: (t.session_id, t.seq))
 
     def _add_stored(self, user_pk: int, stored: Sequence[StoredVector]) -> None:
         if not stored:
@@ -83,35 +200,75 @@ class TurnMemory:
         matrix = np.stack([np.frombuffer(item.vector, dtype=np.float32) for item in stored])
         self._index.add(user_pk, [item.message_id for item in stored], matrix)
 
+    def _dense_texts(self, messages: Sequence[Message], turns: list[TurnText]) -> list[str]:
+        texts = indexed_texts(self._config.dense_text, turns)
+        by_key = {(t.session_id, t.seq): text for t, text in zip(turns, texts, strict=True)}
+        return [by_key[(m.session_id, m.seq)] for m in messages]
+
     async def index_messages(
         self, messages: Sequence[Message], vectors: np.ndarray | None = None
     ) -> None:
-        """Embed (unless given vectors), store the vectors in SQL, then add them to the index."""
+        """Embed (unless given vectors of the raw turns and the recipe is raw), store the
+        vectors in SQL, then add the turns to the vector and lexical indexes."""
         if not messages:
             return
-        if vectors is None:
-            vectors = await self.embed([text_for_embedding(m) for m in messages])
+        turns = await self._with_context(messages)
+        if vectors is None or not self._config.dense_text.is_raw:
+            vectors = await self.embed(self._dense_texts(messages, turns))
         stored = [
             StoredVector(m.id, m.user_pk, np.asarray(v, dtype=np.float32).tobytes())
             for m, v in zip(messages, vectors, strict=True)
         ]
-        await self._store.save_embeddings(
-            self._embedder.model_name, self._embedder.dimension, stored
-        )
+        await self._store.save_embeddings(self.vector_model, self._embedder.dimension, stored)
         for user_pk in sorted({m.user_pk for m in messages}):
             await self.ensure_scope(user_pk)
             self._add_stored(user_pk, [s for s in stored if s.user_pk == user_pk])
+            if self._needs_texts:
+                mine = [m for m in messages if m.user_pk == user_pk]
+                self._add_texts(user_pk, mine, turns)
 
     async def search(
-        self, user_pk: int, vector: np.ndarray, k: int, exclude: Collection[int] = ()
+        self,
+        user_pk: int,
+        vector: np.ndarray,
+        k: int,
+        exclude: Collection[int] = (),
+        query: str | None = None,
     ) -> list[ScoredId]:
+        """The user's best k turns for a query, less `exclude`, best first.
+
+        Without the query text only the vectors are searched.
+        """
         await self.ensure_scope(user_pk)
-        return self._index.search(user_pk, vector, k, exclude)
+        config = self._config
+        fetch = max(k, config.num_candidates)
+        rankings: list[list[ScoredId]] = []
+        weights: list[float] = []
+        if config.mode != "lexical" or query is None:
+            rankings.append(self._index.search(user_pk, vector, fetch, exclude))
+            weights.append(config.dense_weight)
+        if config.mode != "dense" and query is not None:
+            rankings.append(self._lexical.search(user_pk, query, fetch, exclude))
+            weights.append(config.lexical_weight)
+        ranked = (
+            rankings[0]
+            if len(rankings) == 1
+            else reciprocal_rank_fusion(rankings, weights, config.rrf_c)
+        )
+        if config.duplicate_threshold > 1:
+            return ranked[:k]
+        return drop_near_duplicates(ranked, self._fingerprint, config.duplicate_threshold, k)
+
+    def _fingerprint(self, message_id: int) -> frozenset[str]:
+        return self._fingerprints.get(message_id, frozenset())
 
     async def forget(self, user_pk: int, message_ids: Collection[int]) -> None:
-        """Drop vectors of messages already deleted from SQL."""
+        """Drop vectors and terms of messages already deleted from SQL."""
         await self.ensure_scope(user_pk)
         self._index.remove(user_pk, message_ids)
+        self._lexical.remove(user_pk, message_ids)
+        for message_id in message_ids:
+            self._fingerprints.pop(message_id, None)
 
     async def repair_unembedded(self) -> int:
         """Embed and index messages that were stored without a vector (crash recovery)."""
@@ -127,6 +284,9 @@ class TurnMemory:
         """Re-embed every stored message with the configured model and rebuild the index."""
         await self._store.delete_all_embeddings()
         self._index.drop_all()
+        self._lexical = self._new_lexical()
+        self._fingerprints.clear()
+        self._texts_loaded.clear()
         num_messages = 0
         after_id = 0
         while batch := await self._store.list_messages_after_id(after_id, REPAIR_BATCH_SIZE):

@@ -90,6 +90,8 @@ class Message(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     external_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
     token_count: Mapped[int] = mapped_column(Integer, default=0)
+    # What an image shared with the turn shows (from the client); indexed, not returned.
+    image_caption: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class MessageEmbedding(Base):

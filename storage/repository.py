@@ -25,6 +25,7 @@ class NewMessage:
     name: str | None = None
     created_at: dt.datetime | None = None
     external_id: str | None = None
+    image_caption: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class RestoredMessage:
     token_count: int
     name: str | None = None
     external_id: str | None = None
+    image_caption: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +215,7 @@ class Store:
                     created_at=m.created_at,
                     external_id=m.external_id,
                     token_count=m.token_count,
+                    image_caption=m.image_caption,
                 )
                 for m in messages
             ]
@@ -252,6 +255,7 @@ class Store:
                         created_at=item.created_at or utc_now(),
                         external_id=item.external_id,
                         token_count=item.token_count,
+                        image_caption=item.image_caption,
                     )
                 )
             session.add_all(rows)
@@ -280,6 +284,32 @@ class Store:
                 select(Message).where(Message.user_pk == user_pk, Message.id.in_(list(ids)))
             )
             return list(rows.all())
+
+    async def list_user_messages(self, user_pk: int) -> list[Message]:
+        """Every message of a user, each session's in order (to build derived indexes)."""
+        async with self._transaction() as session:
+            rows = await session.scalars(
+                select(Message)
+                .where(Message.user_pk == user_pk)
+                .order_by(Message.session_id, Message.seq)
+            )
+            return list(rows.all())
+
+    async def list_messages_by_seq(self, keys: Collection[tuple[str, int]]) -> list[Message]:
+        """Messages by (session id, seq); keys that match nothing are ignored."""
+        by_session: dict[str, list[int]] = {}
+        for session_id, seq in keys:
+            by_session.setdefault(session_id, []).append(seq)
+        found: list[Message] = []
+        async with self._transaction() as session:
+            for session_id, seqs in sorted(by_session.items()):
+                rows = await session.scalars(
+                    select(Message).where(
+                        Message.session_id == session_id, Message.seq.in_(sorted(set(seqs)))
+                    )
+                )
+                found.extend(rows.all())
+        return found
 
     # Embeddings ---------------------------------------------------------------------
 

@@ -172,6 +172,7 @@ class SessionController(Controller):
                     name=m.name,
                     created_at=m.created_at,
                     external_id=m.external_id,
+                    image_caption=m.image_caption,
                 )
                 for m in data.messages
             ],

@@ -1,0 +1,95 @@
+"""An HTTP client for the retrieval benchmarks: the service in process, or a running one.
+
+In process, the app is built by `create_app(Settings(...))` with the real default
+embedder and a whitespace-counting engine that never generates (benchmarks of memory
+search need no LLM). Settings not given here come from `MEMCHAT_*` variables, so a
+variant of the retrieval settings is chosen from the shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+
+from app.factory import create_app
+from app.settings import Settings
+from retrieval.errors import EngineError
+from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
+from storage import migrate
+from storage.db import create_engine
+
+# One line per request would drown the figures.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class CountingEngine:
+    """Counts tokens by whitespace; generation is refused (search benchmarks never chat)."""
+
+    model_name = "none"
+    context_window = 8192
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        return sum(self.count_tokens(m.content) + 3 for m in messages)
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return [0] * self.count_prompt_tokens(messages)
+
+    async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Completion:
+        raise EngineError("the benchmark engine does not generate")
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> AsyncIterator[TextDelta | Completion]:
+        raise EngineError("the benchmark engine does not generate")
+        yield  # pragma: no cover
+
+    async def close(self) -> None:
+        return None
+
+
+@asynccontextmanager
+async def service(url: str | None) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the service at `url`, or of a fresh in-process one on a temporary dir."""
+    if url is not None:
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            yield client
+        return
+    from litestar.testing import AsyncTestClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(data_dir=Path(tmp))
+        engine = create_engine(settings.resolved_database_url())
+        await migrate.upgrade(engine)
+        await engine.dispose()
+        app = create_app(settings, engine=CountingEngine())
+        async with AsyncTestClient(app=app, timeout=600) as client:
+            yield client
+
+
+async def post(client: httpx.AsyncClient, path: str, body: dict) -> dict:
+    response = await client.post(path, json=body)
+    if response.status_code >= 300:
+        raise RuntimeError(f"{path}: {response.status_code} {response.text[:500]}")
+    return response.json()
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def latency_line(values_s: Sequence[float]) -> str:
+    ms = [v * 1000 for v in values_s]
+    return (
+        f"search latency: p50 {statistics.median(ms):.1f} ms, p95 {percentile(ms, 0.95):.1f} ms "
+        f"({len(ms)} searches)"
+    )

@@ -1,0 +1,178 @@
+"""Turn recall on LoCoMo through the public API: recall@5/10/20, search latency, import rate.
+
+Each LoCoMo conversation becomes one user; each of its sessions one chat session, imported
+with `POST /v1/sessions/{id}/history` (`external_id` = the turn's `dia_id`, `created_at`
+from the session's date, the speaker as `name`, the image caption when the turn shared a
+photo). Every question of categories 1-4 is then asked with `POST /v1/memory/search`
+(`kinds: ["turn"]`, k = 20); recall@k of a question is the share of its evidence turns
+among the first k results, averaged over questions. Nothing is tuned here: the service's
+settings (from `MEMCHAT_*` variables, or the server's) are what is measured.
+
+    .venv/bin/python bench/locomo.py [--url http://127.0.0.1:8000] [--data FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import re
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _client import latency_line, post, service
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10_dev.json"
+KS = (5, 10, 20)
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+_DIA_ID = re.compile(r"D(\d+)\s*:\s*(\d+)")
+
+
+def normalise_evidence(items: list[str]) -> set[str]:
+    """`D8:6; D9:17` -> {D8:6, D9:17}; `D30:05` -> D30:5 (numbers compared as numbers)."""
+    found: set[str] = set()
+    for item in items:
+        for session, turn in _DIA_ID.findall(item):
+            found.add(f"D{int(session)}:{int(turn)}")
+    return found
+
+
+def normalise_id(dia_id: str) -> str:
+    return next(iter(normalise_evidence([dia_id])), dia_id)
+
+
+def session_time(text: str) -> dt.datetime:
+    """LoCoMo dates look like `1:56 pm on 8 May, 2023` (no zone: taken as UTC)."""
+    return dt.datetime.strptime(text, "%I:%M %p on %d %B, %Y").replace(tzinfo=dt.UTC)
+
+
+def sessions_of(conversation: dict) -> list[tuple[int, dt.datetime, list[dict]]]:
+    found = []
+    number = 1
+    while f"session_{number}" in conversation:
+        date = session_time(conversation[f"session_{number}_date_time"])
+        found.append((number, date, conversation[f"session_{number}"]))
+        number += 1
+    return found
+
+
+def history_messages(
+    turns: list[dict], date: dt.datetime, speaker_a: str, *, captions: bool
+) -> list[dict]:
+    """One message per turn; a turn's time is its session's plus one second per turn."""
+    messages = []
+    for position, turn in enumerate(turns):
+        message = {
+            "role": "user" if turn["speaker"] == speaker_a else "assistant",
+            "name": turn["speaker"],
+            "content": turn["text"],
+            "external_id": turn["dia_id"],
+            "created_at": (date + dt.timedelta(seconds=position)).isoformat(),
+        }
+        if captions and turn.get("blip_caption"):
+            message["image_caption"] = turn["blip_caption"]
+        messages.append(message)
+    return messages
+
+
+@dataclass
+class Tally:
+    recall: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, gold: set[str], ranked: list[str]) -> None:
+        for k in KS:
+            self.recall[k].append(len(gold & set(ranked[:k])) / len(gold))
+
+    def line(self, name: str) -> str:
+        n = len(self.recall[KS[0]])
+        cells = "  ".join(f"R@{k} {sum(v) / len(v):.3f}" for k, v in sorted(self.recall.items()))
+        return f"  {name:<22} n={n:<4} {cells}"
+
+    def value(self, k: int) -> float:
+        return sum(self.recall[k]) / len(self.recall[k])
+
+
+async def import_conversation(client, item: dict, run: str, *, captions: bool) -> tuple[str, int]:
+    conversation = item["conversation"]
+    user_id = f"locomo-{item['sample_id']}-{run}"
+    num_turns = 0
+    for number, date, turns in sessions_of(conversation):
+        session = await post(client, "/v1/sessions", {"user_id": user_id, "title": f"s{number}"})
+        messages = history_messages(turns, date, conversation["speaker_a"], captions=captions)
+        result = await post(client, f"/v1/sessions/{session['id']}/history", {"messages": messages})
+        num_turns += result["imported"]
+    return user_id, num_turns
+
+
+async def ask(client, user_id: str, question: str, latencies: list[float]) -> list[str]:
+    started = time.perf_counter()
+    body = {"user_id": user_id, "query": question, "k": max(KS), "kinds": ["turn"]}
+    results = (await post(client, "/v1/memory/search", body))["results"]
+    latencies.append(time.perf_counter() - started)
+    return [normalise_id(r["external_id"] or "") for r in results]
+
+
+async def run(args: argparse.Namespace) -> dict:
+    conversations = json.loads(args.data.read_text(encoding="utf-8"))
+    run_id = uuid.uuid4().hex[:8]
+    overall, by_category = Tally(), defaultdict(Tally)
+    by_conversation: dict[str, Tally] = defaultdict(Tally)
+    latencies: list[float] = []
+    num_turns, import_s, num_unanswerable = 0, 0.0, 0
+    async with service(args.url) as client:
+        for item in conversations:
+            started = time.perf_counter()
+            user_id, imported = await import_conversation(
+                client, item, run_id, captions=not args.no_captions
+            )
+            import_s += time.perf_counter() - started
+            num_turns += imported
+            for qa in item["qa"]:
+                if qa["category"] not in CATEGORIES:
+                    continue
+                gold = normalise_evidence(qa.get("evidence", []))
+                if not gold:
+                    num_unanswerable += 1
+                    continue
+                ranked = await ask(client, user_id, qa["question"], latencies)
+                for tally in (
+                    overall,
+                    by_category[qa["category"]],
+                    by_conversation[item["sample_id"]],
+                ):
+                    tally.add(gold, ranked)
+    print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {num_turns} turns")
+    print(f"import: {num_turns / import_s:.1f} turns/s ({import_s:.1f} s)")
+    print(latency_line(latencies))
+    print(f"questions without evidence skipped: {num_unanswerable}")
+    print(overall.line("categories 1-4"))
+    for category, name in CATEGORIES.items():
+        print(by_category[category].line(f"{category} {name}"))
+    for sample_id, tally in by_conversation.items():
+        print(tally.line(sample_id))
+    return {
+        "overall": {k: overall.value(k) for k in KS},
+        "by_conversation": {s: {k: t.value(k) for k in KS} for s, t in by_conversation.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", help="a running service; default: one in process")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument(
+        "--no-captions", action="store_true", help="do not send image captions with turns"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    figures = asyncio.run(run(args))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Hybrid turn memory (FAISS + BM25) over real SQLite and PostgreSQL: exact rankings,
+indexed-text recipes, rebuilds from SQL, near-duplicates and the recent window."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from app.factory import create_app
+from app.settings import RetrievalSettings, Settings, TurnTextSettings
+from retrieval.errors import EmbeddingModelMismatchError
+from retrieval.indexes.faiss import FaissIndex
+from retrieval.memory import RetrievalConfig, TurnMemory
+from retrieval.turn_text import TextRecipe
+from storage.db import create_engine, create_sessionmaker
+from storage.repository import NewMessage, Store
+from tests.fakes import HashEmbedder, ScriptedEngine
+from tests.test_api_memory import import_history, search
+from tests.test_api_sessions import create_session
+
+HYBRID = RetrievalConfig(mode="hybrid", duplicate_threshold=0.9)
+CONTEXTUAL = TextRecipe(speaker=True, date=True, caption=True, previous=1)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    engine = create_engine(database_url)
+    yield Store(create_sessionmaker(engine))
+    await engine.dispose()
+
+
+def memory_for(store: Store, directory: Path, config: RetrievalConfig = HYBRID) -> TurnMemory:
+    embedder = HashEmbedder()
+    return TurnMemory(store, embedder, FaissIndex(directory, embedder.dimension), config)
+
+
+async def add_turns(store: Store, memory: TurnMemory, turns: list[tuple[str, str]]) -> list[int]:
+    chat, _user = await store.create_session("alice", None, {})
+    result = await store.add_messages(
+        chat,
+        [NewMessage(role="user", name=name, content=text, token_count=1) for name, text in turns],
+    )
+    await memory.index_messages(result.messages)
+    return [m.id for m in result.messages]
+
+
+async def ranked(memory: TurnMemory, user_pk: int, query: str, k: int = 10) -> list[int]:
+    vector = (await memory.embed([query]))[0]
+    return [hit.id for hit in await memory.search(user_pk, vector, k, query=query)]
+
+
+async def user_pk_of(store: Store) -> int:
+    return (await store.get_user("alice")).id
+
+
+async def test_lexical_index_is_rebuilt_from_sql_and_follows_deletes(
+    store: Store, tmp_path: Path
+) -> None:
+    lexical = RetrievalConfig(mode="lexical", duplicate_threshold=2.0)
+    memory = memory_for(store, tmp_path / "i", lexical)
+    first = await add_turns(store, memory, [("A", "我对花生过敏"), ("B", "今天天气很好")])
+    second = await add_turns(store, memory, [("A", "花生酱很好吃"), ("B", "red car")])
+    user_pk = await user_pk_of(store)
+    assert await ranked(memory, user_pk, "花生") == [first[0], second[0]]
+    # A new process has no lexical state: it is built from SQL on first use.
+    fresh = memory_for(store, tmp_path / "i", lexical)
+    assert await ranked(fresh, user_pk, "花生") == [first[0], second[0]]
+    assert await ranked(fresh, user_pk, "天气") == [first[1]]
+    session_id = (await store.list_sessions("alice"))[0][0].id
+    await fresh.forget(user_pk, await store.delete_session(session_id))
+    assert await ranked(fresh, user_pk, "花生") == [second[0]]
+    assert await ranked(fresh, user_pk, "天气") == []
+
+
+async def test_hybrid_fuses_dense_and_lexical_and_drops_duplicates(
+    store: Store, tmp_path: Path
+) -> None:
+    memory = memory_for(store, tmp_path / "h")
+    ids = await add_turns(
+        store,
+        memory,
+        [
+            ("A", "I am allergic to peanuts"),
+            ("A", "I am allergic to peanuts"),  # said twice: one copy is enough
+            ("B", "peanuts are legumes, not nuts"),
+            ("A", "my sister lives in Berlin"),
+        ],
+    )
+    user_pk = await user_pk_of(store)
+    assert await ranked(memory, user_pk, "peanut allergy") == [ids[0], ids[2], ids[3]]
+    assert await ranked(memory, user_pk, "peanut allergy", k=1) == [ids[0]]
+    # Without dedup both copies come back.
+    plain = memory_for(store, tmp_path / "h2", RetrievalConfig(duplicate_threshold=2.0))
+    assert await ranked(plain, user_pk, "peanut allergy", k=2) == [ids[0], ids[1]]
+
+
+async def test_contextual_text_finds_a_turn_by_its_neighbour_and_caption(
+    store: Store, tmp_path: Path
+) -> None:
+    config = RetrievalConfig(mode="lexical", lexical_text=CONTEXTUAL, duplicate_threshold=2.0)
+    memory = memory_for(store, tmp_path / "c", config)
+    chat, _user = await store.create_session("alice", None, {})
+    result = await store.add_messages(
+        chat,
+        [
+            NewMessage(role="user", name="Mel", content="Did you adopt the puppy?", token_count=1),
+            NewMessage(
+                role="assistant",
+                name="Caroline",
+                content="Yes! Take a look at this",
+                token_count=1,
+                image_caption="a golden retriever on a beach",
+            ),
+        ],
+    )
+    ids = [m.id for m in result.messages]
+    await memory.index_messages(result.messages)
+    user_pk = await user_pk_of(store)
+    assert await ranked(memory, user_pk, "golden retriever") == [ids[1]]
+    # The second turn carries the first as context; the first is shorter, so it leads.
+    assert await ranked(memory, user_pk, "puppy") == [ids[0], ids[1]]
+    assert await ranked(memory, user_pk, "Caroline") == [ids[1]]
+    # A turn indexed alone reads its predecessor from SQL: "look" is only in that one,
+    # and the new turn's shorter text ranks first.
+    later = await store.add_messages(
+        chat, [NewMessage(role="user", name="Mel", content="So cute", token_count=1)]
+    )
+    await memory.index_messages(later.messages)
+    assert await ranked(memory, user_pk, "look") == [later.messages[0].id, ids[1]]
+
+
+async def test_a_changed_turn_text_is_treated_like_a_model_change(
+    store: Store, tmp_path: Path
+) -> None:
+    raw = memory_for(store, tmp_path / "m", RetrievalConfig(mode="dense"))
+    ids = await add_turns(store, raw, [("A", "green boat"), ("B", "red car")])
+    assert await store.list_embedding_models() == [("hash-64", 64)]
+    contextual = memory_for(
+        store, tmp_path / "m", RetrievalConfig(mode="dense", dense_text=CONTEXTUAL)
+    )
+    assert contextual.vector_model == "hash-64#speaker+date+caption+previous1"
+    with pytest.raises(EmbeddingModelMismatchError, match="memchat reindex"):
+        await contextual.check_model()
+    assert await contextual.reindex_all() == 2
+    await contextual.check_model()
+    assert await store.list_embedding_models() == [("hash-64#speaker+date+caption+previous1", 64)]
+    assert await ranked(contextual, await user_pk_of(store), "red car", k=1) == [ids[1]]
+
+
+def hybrid_settings(tmp_path: Path, database_url: str) -> Settings:
+    text = TurnTextSettings(speaker=True, date=True, caption=True, previous=1)
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        retrieval=RetrievalSettings(
+            mode="hybrid", dense_text=text, lexical_text=text, duplicate_threshold=0.9
+        ),
+    )
+
+
+@pytest.fixture
+async def hybrid_client(tmp_path: Path, database_url: str) -> AsyncIterator[AsyncTestClient]:
+    app = create_app(
+        hybrid_settings(tmp_path, database_url),
+        embedder=HashEmbedder(),
+        engine=ScriptedEngine(["Noted."]),
+    )
+    async with AsyncTestClient(app=app) as client:
+        yield client
+
+
+CHINESE_HISTORY = [
+    {"role": "user", "content": "我对花生过敏", "external_id": "z1"},
+    {"role": "assistant", "content": "好的，我记住了", "external_id": "z2"},
+    {"role": "user", "content": "我妹妹住在上海", "external_id": "z3"},
+    {"role": "user", "content": "Take a look!", "external_id": "z4", "image_caption": "a red kite"},
+]
+
+
+async def test_chinese_turns_are_found_by_chinese_queries_over_http(
+    hybrid_client: AsyncTestClient,
+) -> None:
+    session = await create_session(hybrid_client)
+    await import_history(hybrid_client, session["id"], CHINESE_HISTORY)
+    found = await search(hybrid_client, "花生", k=1, kinds=["turn"])
+    assert [(r["external_id"], r["text"]) for r in found] == [("z1", "我对花生过敏")]
+    found = await search(hybrid_client, "我妹妹住在哪里？", k=1)
+    assert [r["external_id"] for r in found] == ["z3"]
+    # The caption is indexed but results carry the raw turn, with its time.
+    found = await search(hybrid_client, "kite", k=1)
+    assert [(r["external_id"], r["text"]) for r in found] == [("z4", "Take a look!")]
+    assert found[0]["created_at"]
+
+
+async def test_recent_window_is_excluded_from_hybrid_retrieval(
+    hybrid_client: AsyncTestClient,
+) -> None:
+    old = await create_session(hybrid_client)
+    await import_history(hybrid_client, old["id"], CHINESE_HISTORY[:1])
+    session = await create_session(hybrid_client)
+    await hybrid_client.post(
+        f"/v1/sessions/{session['id']}/messages", json={"content": "花生 花生"}
+    )
+    turn = (
+        await hybrid_client.post(
+            f"/v1/sessions/{session['id']}/messages", json={"content": "花生怎么样"}
+        )
+    ).json()
+    recent = turn["context"]["recent_message_ids"]
+    assert len(recent) == 2
+    # Only the old session's turn comes back; the window's own 花生 turn does not.
+    assert [m["text"] for m in turn["context"]["memories"]] == ["我对花生过敏"]
+    assert not {m["id"] for m in turn["context"]["memories"]} & set(recent)

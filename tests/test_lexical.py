@@ -1,0 +1,116 @@
+"""BM25 lexical index: tokens (English and Chinese), exact rankings, updates and removal."""
+
+from __future__ import annotations
+
+from retrieval.lexical import Feedback, LexicalIndex, tokenize
+
+
+def test_english_words_are_stemmed_and_stop_words_dropped() -> None:
+    assert tokenize("She painted the sunrise; painting is her hobby!") == [
+        "paint",
+        "sunris",
+        "paint",
+        "hobbi",
+    ]
+
+
+def test_chinese_is_cut_into_characters_and_pairs() -> None:
+    assert tokenize("我对花生过敏") == [
+        "我", "对", "花", "生", "过", "敏",
+        "我对", "对花", "花生", "生过", "过敏",
+    ]  # fmt: skip
+    # Mixed text: Latin words and CJK runs are tokenised each their own way.
+    assert tokenize("Alice说花生") == ["alic", "说", "花", "生", "说花", "花生"]
+
+
+def test_full_width_forms_are_normalised() -> None:
+    assert tokenize("ＡＢＣ１２３") == tokenize("abc123") == ["abc123"]
+
+
+def build(texts: dict[int, str]) -> LexicalIndex:
+    index = LexicalIndex()
+    index.add(1, list(texts), list(texts.values()))
+    return index
+
+
+CHINESE = {
+    1: "我对花生过敏",
+    2: "我喜欢生活在北京",
+    3: "今天天气很好",
+    4: "花园里有很多花",
+}
+
+
+def test_chinese_turn_is_found_by_a_chinese_word() -> None:
+    index = build(CHINESE)
+    hits = index.search(1, "花生", k=4)
+    # The turn holding the word 花生 beats turns that only share its characters.
+    assert [h.id for h in hits] == [1, 4, 2]
+    assert [h.id for h in index.search(1, "过敏", k=4)] == [1]
+    assert [h.id for h in index.search(1, "北京", k=4)] == [2]
+
+
+def test_ranking_is_bm25_with_ties_to_the_lower_id() -> None:
+    index = build(
+        {
+            10: "Caroline went to the LGBTQ support group yesterday",
+            11: "Melanie painted a sunrise over the lake",
+            12: "Caroline loves the lake",
+            13: "the lake, the lake, the lake",
+        }
+    )
+    assert [h.id for h in index.search(1, "support group", k=5)] == [10]
+    assert [h.id for h in index.search(1, "Caroline lake", k=5)] == [12, 13, 10, 11]
+    # Identical documents score the same: the lower id first.
+    index.add(1, [20, 21], ["violin lessons", "violin lessons"])
+    assert [h.id for h in index.search(1, "violin", k=5)] == [20, 21]
+
+
+def test_exclude_replace_remove_and_scopes() -> None:
+    index = build({1: "red car", 2: "red boat", 3: "blue car"})
+    index.add(2, [9], ["red car"])
+    assert [h.id for h in index.search(1, "red car", k=5, exclude={1})] == [2, 3]
+    index.add(1, [2], ["green boat"])  # replaces the text of id 2
+    assert [h.id for h in index.search(1, "red", k=5)] == [1]
+    index.remove(1, [1])
+    assert [h.id for h in index.search(1, "red car", k=5)] == [3]
+    assert index.list_ids(1) == {2, 3}
+    assert [h.id for h in index.search(2, "red car", k=5)] == [9]
+    assert index.search(3, "red", k=5) == []
+    assert index.search(1, "the of", k=5) == []  # stop words only
+
+
+def test_feedback_widens_the_query_with_terms_of_the_top_documents() -> None:
+    texts = {
+        1: "we adopted a puppy named Rex",
+        2: "Rex loves chasing balls on the beach",
+        3: "the weather is nice today",
+    }
+    plain = build(texts)
+    assert [h.id for h in plain.search(1, "puppy", k=5)] == [1]
+    widened = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=3, weight=0.3, min_corpus=3))
+    widened.add(1, list(texts), list(texts.values()))
+    # Rex, named after the first hit, brings in the second turn; the third shares nothing.
+    hits = widened.search(1, "puppy", k=5)
+    assert [h.id for h in hits] == [1, 2]
+    assert hits[0].score > hits[1].score
+    # Chinese text gets the same treatment (all of the first hit's other terms are added).
+    chinese = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=20, weight=0.3, min_corpus=3))
+    chinese.add(1, [1, 2, 3], ["我的小狗叫旺财", "旺财喜欢海边", "今天下雨"])
+    assert [h.id for h in chinese.search(1, "小狗", k=5)] == [1, 2]
+    # Below the corpus size feedback needs, the query runs as given.
+    small = LexicalIndex(feedback=Feedback(num_docs=1, num_terms=3, weight=0.3, min_corpus=4))
+    small.add(1, list(texts), list(texts.values()))
+    assert [h.id for h in small.search(1, "puppy", k=5)] == [1]
+
+
+def test_context_terms_count_less_than_the_turns_own() -> None:
+    index = LexicalIndex(context_weight=0.5)
+    index.add(1, [1, 2], ["我妹妹住在上海", "Take a look!"], ["好的，我记住了", "我妹妹住在上海"])
+    # The turn that says it outranks the next turn that merely follows it.
+    assert [h.id for h in index.search(1, "我妹妹住在哪里", k=5)] == [1, 2]
+    assert [h.id for h in index.search(1, "好的", k=5)] == [1]  # found by its context alone
+    equal = LexicalIndex(context_weight=1.0)
+    equal.add(1, [1, 2], ["我妹妹住在上海", "Take a look!"], ["好的，我记住了", "我妹妹住在上海"])
+    # Counted in full, the shorter neighbour would win.
+    assert [h.id for h in equal.search(1, "我妹妹住在哪里", k=5)] == [2, 1]
