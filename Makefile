@@ -12,7 +12,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local bench-prefix-cache
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,11 +46,19 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: lint
+# The local vLLM engine (CPU) in its own venv, .venv-vllm: installed and the model converted
+# once; later runs only check. `make test` needs it for the vLLM adapter's tests.
+vllm: install
+	$(BIN)/memchat engine prepare
+
+vllm-serve: install
+	$(BIN)/memchat engine serve --port $(or $(VLLM_PORT),8001)
+
+test: lint vllm
 	$(BIN)/pytest
 
 bench: install-dev
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .venv-vllm .vllm

@@ -25,6 +25,7 @@ from app.errors import EXCEPTION_HANDLERS
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
 from app.routes.health import healthz, readyz
 from app.routes.memory import MemoryController
+from app.routes.metrics import EngineMetrics, metrics
 from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, Settings
 from retrieval.chat import ChatConfig, ChatService
@@ -82,12 +83,30 @@ def _llamacpp(config: EngineSettings) -> Engine:
     )
 
 
+def _vllm(config: EngineSettings) -> Engine:
+    from retrieval.engines.vllm import VllmEngine
+
+    vllm = config.vllm
+    return VllmEngine(
+        vllm.urls,
+        model=vllm.model,
+        timeout_s=config.timeout_s,
+        connect_timeout_s=vllm.connect_timeout_s,
+        tokenize_timeout_s=vllm.tokenize_timeout_s,
+        connect_attempts=vllm.connect_attempts,
+        backoff_base_s=vllm.backoff_base_s,
+        failure_threshold=vllm.failure_threshold,
+        reset_after_s=vllm.reset_after_s,
+        isolate_tenant_cache=vllm.isolate_tenant_cache,
+    )
+
+
 EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
     "onnx": _onnx,
     "sentence-transformers": _sentence_transformers,
 }
 INDEXES: dict[str, Callable[[Path, int], VectorIndex]] = {"faiss": _faiss}
-ENGINES: dict[str, Callable[[EngineSettings], Engine]] = {"llamacpp": _llamacpp}
+ENGINES: dict[str, Callable[[EngineSettings], Engine]] = {"llamacpp": _llamacpp, "vllm": _vllm}
 
 
 class SchemaNotCurrentError(RuntimeError):
@@ -153,7 +172,7 @@ async def build_runtime(
         store,
         memory,
         engine,
-        ContextAssembler(engine, system_prompt),
+        ContextAssembler(engine, system_prompt, stable_layout=settings.chat.stable_layout),
         ChatConfig(
             retrieval_k=settings.chat.retrieval_k,
             recent_window_messages=settings.chat.recent_window_messages,
@@ -208,7 +227,8 @@ def create_app(
         "sampling": Provide(provide_sampling, sync_to_thread=False),
     }
     return Litestar(
-        route_handlers=[SessionController, MemoryController, healthz, readyz],
+        route_handlers=[SessionController, MemoryController, healthz, readyz, metrics],
+        state=State({"engine_metrics": EngineMetrics()}),
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],

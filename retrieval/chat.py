@@ -28,6 +28,7 @@ from retrieval.context import (
 from retrieval.errors import EngineBusyError, InvalidInputError
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta
+from retrieval.routing import Route, current_route
 from storage.models import ChatSession, Message, User
 from storage.repository import NewMessage, Store
 
@@ -245,6 +246,9 @@ class ChatService:
             user_turn = StoredTurn.from_row(message)
             yield TurnStarted(user_turn, context)
             completion: Completion | None = None
+            # The user's replica keeps their prefix cached. Set for the rest of this task
+            # (one request): each turn sets its own route before generating.
+            current_route.set(Route(key=str(chat.user_pk), tenant=str(chat.user_pk)))
             async for event in self._engine.stream(context.messages, params):
                 if isinstance(event, Completion):
                     completion = event

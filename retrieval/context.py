@@ -97,8 +97,10 @@ def chat_role(role: str) -> str:
 
 
 class ContextAssembler:
-    def __init__(self, engine: Engine, system_prompt: str) -> None:
+    def __init__(self, engine: Engine, system_prompt: str, *, stable_layout: bool = True) -> None:
         self._engine = engine
+        # False puts the memories before the recent window (to measure what the layout saves).
+        self._stable_layout = stable_layout
         self._system = ChatMessage("system", system_prompt)
         self._system_tokens = engine.count_prompt_tokens([self._system])
         self._template_tokens = engine.count_prompt_tokens([])
@@ -166,13 +168,17 @@ class ContextAssembler:
         """Exact section sizes, as differences of whole-prompt counts of growing prefixes."""
         count = self._engine.count_prompt_tokens
         with_system = self._system_tokens
-        with_recent = count(messages[: 1 + num_recent])
-        with_memories = count(messages[:-1])
+        num_first = num_recent if self._stable_layout else len(messages) - 2 - num_recent
+        with_first = count(messages[: 1 + num_first])
+        with_both = count(messages[:-1])
+        recent, memories = with_first - with_system, with_both - with_first
+        if not self._stable_layout:
+            recent, memories = memories, recent
         return SectionTokens(
             system=with_system - self._template_tokens,
-            recent=with_recent - with_system,
-            memories=with_memories - with_recent,
-            new_message=prompt_tokens - with_memories,
+            recent=recent,
+            memories=memories,
+            new_message=prompt_tokens - with_both,
             template=self._template_tokens,
         )
 
@@ -213,12 +219,10 @@ class ContextAssembler:
         memories: Sequence[RetrievedMemory],
         recent: Sequence[RecentTurn],
     ) -> list[ChatMessage]:
-        messages = [self._system]
-        messages.extend(ChatMessage(chat_role(t.role), t.text) for t in recent)
-        if memories:
-            messages.append(ChatMessage("system", _memory_text(memories)))
-        messages.append(ChatMessage("user", new_message))
-        return messages
+        history = [ChatMessage(chat_role(t.role), t.text) for t in recent]
+        found = [ChatMessage("system", _memory_text(memories))] if memories else []
+        ordered = history + found if self._stable_layout else found + history
+        return [self._system, *ordered, ChatMessage("user", new_message)]
 
 
 def _memory_text(memories: Sequence[RetrievedMemory]) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -122,3 +122,29 @@ class Engine(Protocol):
     ) -> AsyncIterator[TextDelta | Completion]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class StructuredEngine(Protocol):
+    """An engine that can constrain its reply to a JSON schema (e.g. vLLM's structured output).
+
+    For the LLM summariser and fact extractor: the reply is valid JSON text matching
+    `schema`, or the call raises an `EngineError`.
+    """
+
+    async def generate_json(
+        self, messages: Sequence[ChatMessage], schema: Mapping[str, Any], params: SamplingParams
+    ) -> str: ...
+
+
+@runtime_checkable
+class MonitoredEngine(Protocol):
+    """An engine behind a network hop: its health and its prefix-cache counters.
+
+    `check_health` returns "ok ..." or "error: ..."; `prefix_cache_counters` returns the
+    server's (queries, hits) in tokens since it started.
+    """
+
+    async def check_health(self) -> str: ...
+
+    async def prefix_cache_counters(self) -> tuple[float, float]: ...
