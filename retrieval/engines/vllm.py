@@ -136,6 +136,8 @@ class VllmEngine:
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The prompt's tokens as the server builds them (its chat template, its tokenizer)."""
+        if not messages:
+            return []
         key = tuple((m.role, m.content) for m in messages)
         if (tokens := self._prompts.get(key)) is not None:
             self._prompts.move_to_end(key)
@@ -155,6 +157,10 @@ class VllmEngine:
         return len(self.prompt_tokens(messages))
 
     def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        if not messages:
+            # The server refuses to render an empty conversation; what the template adds
+            # to any prompt (the reply's opening) is the measured fixed part.
+            return self._overhead.fixed if self._overhead else 0
         counted = self._overhead.count(messages) if self._overhead else None
         return self._full_count(messages) if counted is None else counted
 
