@@ -12,7 +12,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local bench-prefix-cache
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ vllm: install
 
 vllm-serve: install
 	$(BIN)/memchat engine serve --port $(or $(VLLM_PORT),8001)
+
+# The docker-compose topology without Docker (local PostgreSQL, chroma run, vLLM on CPU,
+# the app), a smoke test through it, then everything stopped.
+stack-local: vllm
+	$(BIN)/python tools/stack_local.py
 
 test: lint vllm
 	$(BIN)/pytest
