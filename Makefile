@@ -49,7 +49,7 @@ lint: install-dev
 # The local vLLM engine (CPU) in its own venv, .venv-vllm: installed and the model converted
 # once; later runs only check. `make test` needs it for the vLLM adapter's tests.
 vllm: install
-	$(BIN)/memchat engine prepare
+	TORCH_INDEX="$(TORCH_INDEX)" $(BIN)/memchat engine prepare
 
 vllm-serve: install
 	$(BIN)/memchat engine serve --port $(or $(VLLM_PORT),8001)

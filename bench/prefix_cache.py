@@ -3,10 +3,10 @@
 A returning user (earlier conversations imported into another session, so memories are
 retrieved on every turn) holds a scripted 20-turn conversation through the REST API,
 streamed. Per turn it prints prompt tokens, cached prompt tokens (what the engine
-reports), their share, the prompt's prefix shared with the previous prompt, the time to
-first token and the memories used. It runs twice: with the prefix-stable layout
-([system][recent window][memories][message]) and with it switched off (memories before
-the recent window, `MEMCHAT_CHAT__STABLE_LAYOUT=false`).
+reports), their share, the prefix shared with the previous prompt, the tokens of the
+retrieved memories and the time to first token. It runs twice: with the prefix-stable
+layout ([system][recent window][memories][message]) and with it switched off (memories
+before the recent window, `MEMCHAT_CHAT__STABLE_LAYOUT=false`).
 
 Each run gets a fresh data dir and a nonce at the start of the system prompt, so the
 second run finds nothing of the first in the engine's cache.
@@ -77,16 +77,16 @@ def run_conversation(url: str, max_tokens: int, label: str) -> list[dict[str, fl
         history = [{"role": r, "content": c} for r, c in EARLIER]
         client.post(f"/v1/sessions/{earlier}/history", json={"messages": history})
         session = client.post("/v1/sessions", json={"user_id": "returning"}).json()["id"]
-        print(f"\n[{label}] turn  prompt  cached  share  prefix_reuse  ttft_ms  memories")
+        print(f"\n[{label}] turn  prompt  cached  share  prefix_reuse  memory_tokens  ttft_ms")
         for number, content in enumerate(TURNS, 1):
             ttft, done = stream_turn(client, session, content, max_tokens)
             prompt = done["usage"]["prompt_tokens"]
             cached = done["usage"]["cached_prompt_tokens"] or 0
             reuse = done["context"]["prefix_reuse"] or 0
-            memories = len(done["context"]["memories"])
+            memory_tokens = done["context"]["tokens"]["memories"]
             rows.append({"prompt": prompt, "cached": cached, "ttft": ttft})
             print(f"[{label}] {number:4d}  {prompt:6d}  {cached:6d}  {cached / prompt:5.2f}  "
-                  f"{reuse:12d}  {ttft * 1000:7.0f}  {memories:8d}")  # fmt: skip
+                  f"{reuse:12d}  {memory_tokens:13d}  {ttft * 1000:7.0f}")  # fmt: skip
     return rows
 
 

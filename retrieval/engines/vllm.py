@@ -361,7 +361,10 @@ async def _events(replica: Replica, response: httpx.Response) -> AsyncIterator[d
             data = line[5:].strip()
             if data == "[DONE]":
                 return
-            payload = json.loads(data)
+            try:
+                payload = json.loads(data)
+            except ValueError as exc:
+                raise EngineError(f"{replica.url} sent a malformed event: {data[:100]}") from exc
             if "error" in payload:
                 raise EngineError(f"{replica.url} failed mid-reply: {payload['error']}")
             yield payload
