@@ -104,18 +104,18 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 @contextmanager
-def local_vllm(log: Path):
+def local_vllm(log: Path, enforce_eager: bool):
     sys.path.insert(0, str(REPO))
     from app import vllm_local
     from retrieval.engines.llamacpp import default_model_path
 
     python = vllm_local.ensure_venv()
     model = vllm_local.ensure_checkpoint(python, default_model_path())
-    options = vllm_local.ServerOptions(port=18731)
+    options = vllm_local.ServerOptions(port=18731, enforce_eager=enforce_eager)
     process = vllm_local.start_server(python, model, options, log)
     url = f"http://127.0.0.1:{options.port}"
     try:
-        vllm_local.wait_ready(url, process)
+        vllm_local.wait_ready(url, process, timeout_s=1200)
         yield url
     finally:
         vllm_local.stop_server(process)
@@ -126,13 +126,14 @@ def main() -> None:
     parser.add_argument("--engine", choices=["vllm", "llamacpp"], default="vllm")
     parser.add_argument("--vllm-url", action="append", default=[], help="repeat for replicas")
     parser.add_argument("--start-vllm", action="store_true", help="start a local CPU server")
+    parser.add_argument("--enforce-eager", action="store_true", help="faster start (local)")
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
     results = {}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         urls = args.vllm_url
         if args.engine == "vllm" and (args.start_vllm or not urls):
-            urls = [stack.enter_context(local_vllm(Path(scratch) / "vllm.log"))]
+            urls = [stack.enter_context(local_vllm(Path(scratch) / "vllm.log", args.enforce_eager))]
         for stable in (True, False):
             label = "stable" if stable else "memories-first"
             data_dir = Path(scratch) / label
