@@ -208,6 +208,17 @@ async def test_api_turns_on_vllm_count_exactly_and_hit_the_cache(
         )
         assert turns[1]["context"]["prefix_reuse"] > BLOCK_SIZE
 
+        published = (await client.get("/metrics")).text
+        queries, hits = (
+            sum(metric_sum(httpx.get(f"{s.url}/metrics").text, name) for s in servers)
+            for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+        )
+        assert hits > 0
+        assert metric_sum(published, "memchat_engine_prefix_cache_hits_tokens") == hits
+        assert metric_sum(published, "memchat_engine_prefix_cache_queries_tokens") == queries
+        rate = metric_sum(published, "memchat_engine_prefix_cache_hit_rate")
+        assert rate == pytest.approx(hits / queries)
+
 
 def _session_on(client: httpx.Client, target: LocalServer, servers: list[LocalServer]) -> str:
     """A session whose user the engine routes to `target` (seen in the servers' counters)."""

@@ -258,3 +258,10 @@ async def test_health_and_prefix_cache_counters_sum_over_replicas() -> None:
 def test_metric_sum_adds_label_sets_and_ignores_lookalikes() -> None:
     text = 'x_total 5\nx_total{a="1"} 2.5\nx_total_created 99\n# HELP x_total help\n'
     assert metric_sum(text, "x_total") == 7.5
+
+
+def test_memchat_vllm_urls_is_a_shorthand_for_the_replica_list() -> None:
+    from app.settings import Settings
+
+    settings = Settings(vllm_urls="http://a:8000, http://b:8000,")
+    assert settings.engine.vllm.urls == ["http://a:8000", "http://b:8000"]
