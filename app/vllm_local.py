@@ -7,9 +7,11 @@ venv and the converted checkpoint are made once (markers record completion) and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -154,11 +156,19 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30
 
 
 def stop_server(process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    """SIGTERM, then SIGKILL; the server's engine core runs in a child process of its own."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """SIGTERM, then SIGKILL, to the server's whole process group.
+
+    The engine core and its worker are processes of their own; a server stopped while
+    still starting may not stop them itself, so they are signalled too.
+    """
+    _signal_group(process, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=timeout_s)
+    _signal_group(process, signal.SIGKILL)
+    process.wait()
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    # start_server makes each server the leader of its own process group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)

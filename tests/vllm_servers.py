@@ -75,10 +75,4 @@ def running_servers(count: int, log_dir: Path) -> Iterator[list[LocalServer]]:
         yield servers
     finally:
         for server in servers:
-            if server.process.poll() is None:
-                os.killpg(server.process.pid, signal.SIGTERM)
-        for server in servers:
-            try:
-                server.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            vllm_local.stop_server(server.process)
