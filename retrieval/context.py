@@ -55,6 +55,8 @@ class RecentTurn:
     name: str | None
     text: str
     token_count: int
+    # The per-turn context the message was sent with; re-inserted before it, as sent.
+    note: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +159,10 @@ def chat_role(role: str) -> str:
 
 
 class ContextAssembler:
-    def __init__(self, engine: Engine, system_prompt: str) -> None:
+    def __init__(self, engine: Engine, system_prompt: str, *, stable_layout: bool = True) -> None:
         self._engine = engine
+        # False puts the memories before the recent window (to measure what the layout saves).
+        self._stable_layout = stable_layout
         self._system = ChatMessage("system", system_prompt)
         self._system_tokens = engine.count_prompt_tokens([self._system])
         self._template_tokens = engine.count_prompt_tokens([])
@@ -236,7 +240,7 @@ class ContextAssembler:
             recent_message_ids=tuple(t.message_id for t in chosen_recent),
             sections=self._sections(
                 messages,
-                len(chosen_recent),
+                self._num_history_messages(chosen_recent),
                 prompt_tokens,
                 num_knowledge=int(bool(chosen_knowledge)),
             ),
@@ -306,16 +310,24 @@ class ContextAssembler:
             count([ChatMessage("system", system[:cut])]) if cut >= 0 else count(messages[:1])
         )
         with_system = count(messages[:1])
-        with_recent = count(messages[: 1 + num_recent])
-        with_memories = count(messages[: len(messages) - 1 - num_knowledge])
-        with_knowledge = count(messages[:-1])
+        num_memories = len(messages) - 2 - num_recent - num_knowledge
+        if self._stable_layout:
+            with_recent = count(messages[: 1 + num_recent])
+            with_memories = count(messages[: 1 + num_recent + num_memories])
+            with_knowledge = count(messages[:-1])
+            recent = with_recent - with_system
+        else:  # [system] [memories] [knowledge] [recent] [new]
+            with_recent = with_system
+            with_memories = count(messages[: 1 + num_memories])
+            with_knowledge = count(messages[: 1 + num_memories + num_knowledge])
+            recent = count(messages[:-1]) - with_knowledge
         return SectionTokens(
             system=with_static - self._template_tokens,
             facts=with_facts - with_static,
             summary=with_system - with_facts,
-            recent=with_recent - with_system,
+            recent=recent,
             memories=with_memories - with_recent,
-            new_message=prompt_tokens - with_knowledge,
+            new_message=prompt_tokens - count(messages[:-1]),
             template=self._template_tokens,
             knowledge=with_knowledge - with_memories,
         )
@@ -378,14 +390,29 @@ class ContextAssembler:
         recent: Sequence[RecentTurn],
         knowledge: Sequence[RetrievedKnowledge] = (),
     ) -> list[ChatMessage]:
-        messages = [system]
-        messages.extend(ChatMessage(chat_role(t.role), t.text) for t in recent)
-        if memories:
-            messages.append(ChatMessage("system", _memory_text(memories)))
+        found = self.turn_context(memories, knowledge)
+        if not self._stable_layout:
+            history = [ChatMessage(chat_role(t.role), t.text) for t in recent]
+            return [system, *found, *history, ChatMessage("user", new_message)]
+        history = []
+        for turn in recent:
+            history += [ChatMessage("system", note) for note in turn.note]
+            history.append(ChatMessage(chat_role(turn.role), turn.text))
+        return [system, *history, *found, ChatMessage("user", new_message)]
+
+    def _num_history_messages(self, recent: Sequence[RecentTurn]) -> int:
+        if not self._stable_layout:
+            return len(recent)
+        return len(recent) + sum(len(t.note) for t in recent)
+
+    def turn_context(
+        self, memories: Sequence[RetrievedMemory], knowledge: Sequence[RetrievedKnowledge]
+    ) -> list[ChatMessage]:
+        """This turn's retrieved context, as the messages just before the new message."""
+        found = [ChatMessage("system", _memory_text(memories))] if memories else []
         if knowledge:
-            messages.append(ChatMessage("system", _knowledge_text(knowledge)))
-        messages.append(ChatMessage("user", new_message))
-        return messages
+            found.append(ChatMessage("system", _knowledge_text(knowledge)))
+        return found
 
 
 def _memory_text(memories: Sequence[RetrievedMemory]) -> str:

@@ -158,6 +158,9 @@ class WindowTurn:
     text: str
     token_count: int
     created_at: dt.datetime
+    # The per-turn context this message was sent with, as sent (user messages of turns).
+    note: tuple[str, ...] = ()
+    note_ids: tuple[int, ...] = ()
 
     @property
     def speaker(self) -> str:
@@ -173,3 +176,16 @@ class Summarizer(Protocol):
     async def summarize(
         self, previous: str, turns: Sequence[WindowTurn], max_tokens: int
     ) -> str: ...
+
+
+@runtime_checkable
+class MonitoredEngine(Protocol):
+    """An engine behind a network hop: its health and its prefix-cache counters.
+
+    `check_health` returns "ok ..." or "error: ..."; `prefix_cache_counters` returns the
+    server's (queries, hits) in tokens since it started.
+    """
+
+    async def check_health(self) -> str: ...
+
+    async def prefix_cache_counters(self) -> tuple[float, float]: ...

@@ -37,8 +37,11 @@ def window_turn(row: Message) -> WindowTurn:
         role=row.role,
         name=row.name,
         text=row.content,
-        token_count=row.token_count,
+        # What the message takes in a prompt, its re-inserted context included.
+        token_count=row.token_count + row.context_note_tokens,
         created_at=as_utc(row.created_at),
+        note=tuple(row.context_note or ()),
+        note_ids=tuple(row.context_note_ids or ()),
     )
 
 

@@ -90,6 +90,12 @@ class Message(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     external_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
     token_count: Mapped[int] = mapped_column(Integer, default=0)
+    # The per-turn context a user message was sent with (retrieved memories, knowledge),
+    # exactly as sent, so later prompts re-insert it and extend the previous prompt.
+    context_note: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    context_note_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Ids of the past turns shown in that note: not retrieved again while it is in view.
+    context_note_ids: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     # What an image shared with the turn shows (from the client); indexed, not returned.
     image_caption: Mapped[str | None] = mapped_column(Text, nullable=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from storage.db import transaction
@@ -68,3 +68,18 @@ class SummaryStore:
                 .order_by(Message.seq)
             )
             return list(rows.all())
+
+    async def set_context_note(
+        self, message_id: int, note: Sequence[str], tokens: int, shown_ids: Sequence[int]
+    ) -> None:
+        """Keep the per-turn context a message was sent with (see Message.context_note)."""
+        async with transaction(self._sessionmaker) as session:
+            await session.execute(
+                update(Message)
+                .where(Message.id == message_id)
+                .values(
+                    context_note=list(note),
+                    context_note_tokens=tokens,
+                    context_note_ids=list(shown_ids),
+                )
+            )

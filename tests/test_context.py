@@ -83,3 +83,21 @@ def test_a_message_that_alone_exceeds_the_window_is_refused(assembler: ContextAs
         )
     assert caught.value.field == "content"
     assert "200-token context window" in caught.value.message
+
+
+def test_unstable_layout_puts_memories_before_the_recent_window() -> None:
+    assembler = ContextAssembler(
+        ScriptedEngine(context_window=200), "be helpful", stable_layout=False
+    )
+    context = assembler.assemble(
+        new_message="what now",
+        memories=[memory(1, "I like tea", 0.9)],
+        recent=[turn(5, 3), turn(6, 3)],
+        budget=ContextBudget(context_window=200, reply_tokens=50),
+    )
+    assert [m.role for m in context.messages] == ["system", "system", "user", "assistant", "user"]
+    assert context.messages[1].content.endswith("- [2026-01-05 10:00] user: I like tea")
+    sections = context.report.sections
+    assert sections.recent == 2 * (3 + 3)
+    assert sections.memories == len(context.messages[1].content.split()) + 3
+    assert sum(vars_of(sections).values()) == context.report.prompt_tokens

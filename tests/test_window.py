@@ -45,3 +45,34 @@ async def test_turns_between_two_evictions_extend_the_previous_prompt(
         assert turns[turn]["context"]["prefix_reuse"] >= engine.count_prompt_tokens(stable) - 2
     for turn in (4, 6):
         assert turns[turn]["context"]["prefix_reuse"] < turns[turn - 1]["context"]["prefix_reuse"]
+
+
+async def test_each_prompt_extends_the_previous_one_retrieved_context_included(
+    settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
+) -> None:
+    async with AsyncTestClient(create_app(settings, embedder=embedder, engine=engine)) as client:
+        old = await create_session(client)
+        history = [
+            {"role": "user", "content": f"Old note {i}: my garden has {i} tomato plants"}
+            for i in range(8)
+        ]
+        await client.post(f"/v1/sessions/{old['id']}/history", json={"messages": history})
+        session = await create_session(client)
+        turns = []
+        for content in ("How are my tomato plants?", "More about tomato plants", "And the garden?"):
+            response = await client.post(
+                f"/v1/sessions/{session['id']}/messages", json={"content": content}
+            )
+            turns.append(response.json())
+    prompts = engine.prompts
+    for turn in (1, 2):
+        previous = prompts[turn - 1]
+        # The previous prompt, then its reply, then this turn's context and message.
+        assert prompts[turn][: len(previous)] == previous
+        assert prompts[turn][len(previous)].content == turns[turn - 1]["reply"]["content"]
+    shown = [{m["id"] for m in t["context"]["memories"]} for t in turns]
+    assert shown[0] and not shown[0] & shown[1] and not (shown[0] | shown[1]) & shown[2]
+    # What the prompt reuses is all of the previous prompt but its reply opening.
+    for turn in (1, 2):
+        previous_tokens = engine.count_prompt_tokens(prompts[turn - 1])
+        assert turns[turn]["context"]["prefix_reuse"] >= previous_tokens - 2

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, delete, get, patch, post
 from litestar.di import NamedDependency
-from litestar.params import Parameter, QueryParameter
+from litestar.params import FromPath, Parameter, QueryParameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from app import schemas
@@ -19,7 +19,7 @@ from storage.repository import Store
 
 API_ACTOR = "api"
 UserIdPath = Annotated[str, Parameter(min_length=1, max_length=255)]
-FactIdPath = int
+FactIdPath = FromPath[int]
 
 
 class FactController(Controller):

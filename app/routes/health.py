@@ -7,6 +7,7 @@ from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 
 from app import schemas
+from retrieval.protocols import MonitoredEngine
 from storage.errors import StorageError
 
 
@@ -35,6 +36,10 @@ async def readyz(state: State) -> Response[schemas.Health]:
     checks["engine"] = runtime.engine.model_name
     checks["index"] = "ok"
     ready = checks["database"] == "ok"
+    if isinstance(runtime.engine, MonitoredEngine):
+        # An engine behind a network hop: not ready while no replica answers.
+        checks["engine_health"] = await runtime.engine.check_health()
+        ready = ready and checks["engine_health"].startswith("ok")
     return Response(
         schemas.Health("ready" if ready else "not ready", checks), status_code=200 if ready else 503
     )

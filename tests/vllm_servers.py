@@ -1,0 +1,78 @@
+"""Real vLLM servers on the CPU for the tests: prepared once, started per test module.
+
+If vLLM cannot be installed or started, the tests fail and say why. With
+MEMCHAT_TEST_VLLM=skip they are skipped instead, loudly: the vLLM adapter, replica
+failover and the vLLM REST path are then untested (see README).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app import vllm_local
+from tests.live import free_port
+
+BLOCK_SIZE = vllm_local.ServerOptions().block_size
+
+
+@dataclass
+class LocalServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self) -> None:
+        """SIGKILL the server and its engine process (its own process group)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def _unavailable(reason: str) -> None:
+    message = f"vLLM on CPU is NOT TESTED: {reason}"
+    if os.environ.get("MEMCHAT_TEST_VLLM") == "skip":
+        pytest.skip(message)
+    pytest.fail(message + " (set MEMCHAT_TEST_VLLM=skip to skip these tests)")
+
+
+def prepare() -> tuple[Path, Path]:
+    from retrieval.engines.llamacpp import default_model_path
+
+    try:
+        python = vllm_local.ensure_venv(vllm_local.DEFAULT_VENV)
+        return python, vllm_local.ensure_checkpoint(python, default_model_path())
+    except (vllm_local.LocalEngineError, OSError) as exc:
+        _unavailable(str(exc))
+        raise  # pragma: no cover - _unavailable always raises
+
+
+@contextmanager
+def running_servers(count: int, log_dir: Path) -> Iterator[list[LocalServer]]:
+    """`count` servers started together (they load in parallel), stopped at the end."""
+    python, model_dir = prepare()
+    servers: list[LocalServer] = []
+    try:
+        for number in range(count):
+            # Small and quick: no graph capture, 1 GiB of KV cache (~40,000 SmolLM2 tokens).
+            options = vllm_local.ServerOptions(port=free_port(), kv_cache_gib=1, enforce_eager=True)
+            log = log_dir / f"vllm-{number}.log"
+            process = vllm_local.start_server(python, model_dir, options, log)
+            servers.append(LocalServer(f"http://127.0.0.1:{options.port}", process, log))
+        for server in servers:
+            try:
+                vllm_local.wait_ready(server.url, server.process, timeout_s=600)
+            except vllm_local.LocalEngineError as exc:
+                tail = server.log.read_text(errors="replace")[-3000:]
+                _unavailable(f"{exc}\n{tail}")
+        yield servers
+    finally:
+        for server in servers:
+            vllm_local.stop_server(server.process)
