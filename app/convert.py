@@ -48,6 +48,16 @@ def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
             )
             for f in report.pinned_facts
         ],
+        new_facts=[
+            schemas.PinnedFactUsed(
+                id=f.id,
+                text=f.text,
+                category=f.category,
+                priority=f.priority,
+                valid_from=f.valid_from,
+            )
+            for f in report.new_facts
+        ],
         facts_omitted=list(report.facts_omitted),
         memories=[
             schemas.MemoryUsed(

@@ -104,6 +104,9 @@ class PinnedFactUsed(Struct):
 
 class ContextReport(Struct):
     pinned_facts: list[PinnedFactUsed]
+    # Of those, the ones pinned since the window's last compaction, shown in this turn's
+    # own context (the system message keeps its facts until the next compaction).
+    new_facts: list[PinnedFactUsed]
     facts_omitted: list[int]
     memories: list[MemoryUsed]
     recent_message_ids: list[int]

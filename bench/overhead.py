@@ -103,6 +103,9 @@ async def measure(
 ) -> None:
     params = SamplingParams(max_tokens=256)
     user = (await runtime.store.get_session(session_id))[1]
+    # One real turn first: a session's first turn after a large import compacts its window
+    # (stored once); previews, which store nothing, would otherwise redo it every time.
+    await runtime.chat.complete_turn(session_id, questions[0], SamplingParams(max_tokens=1))
     for question in questions[:10]:  # warm-up
         await runtime.chat.preview_context(session_id, question, params)
     whole, embed, search, assemble_rest, pinned = [], [], [], [], []

@@ -25,7 +25,7 @@ from retrieval.context import (
     RetrievedMemory,
 )
 from retrieval.errors import EngineBusyError, InvalidInputError
-from retrieval.facts.service import FactHit, FactMemory
+from retrieval.facts.service import FactHit, FactMemory, PinnedFact
 from retrieval.knowledge import KnowledgeBase, KnowledgeHit
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta, WindowTurn
@@ -33,7 +33,7 @@ from retrieval.routing import Route, current_route
 from retrieval.summary import SummaryState
 from retrieval.text import is_blank
 from retrieval.timeutil import as_utc
-from retrieval.window import WindowKeeper
+from retrieval.window import WindowKeeper, WindowView
 from storage.models import ChatSession, Message, SessionSummary, User
 from storage.repository import NewMessage, Store
 
@@ -125,6 +125,27 @@ def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
         if a != b:
             return position
     return min(len(first), len(second))
+
+
+def fact_order(fact: PinnedFact) -> tuple[int, int]:
+    return (-fact.priority, fact.id)
+
+
+def split_pinned(
+    pinned: Sequence[PinnedFact], view: WindowView
+) -> tuple[list[PinnedFact], list[PinnedFact], list[PinnedFact]]:
+    """(in the system message, new this turn, shown by an earlier turn in the window).
+
+    The system message carries the facts pinned as of the window's last compaction;
+    facts pinned since are shown once, in a turn's own context, which the transcript
+    then keeps: a new fact never changes the prompt's prefix.
+    """
+    snapshot = view.state.pinned_fact_ids
+    in_notes = {i for t in view.turns for i in t.note_fact_ids}
+    in_system = [f for f in pinned if f.id in snapshot]
+    new = [f for f in pinned if f.id not in snapshot and f.id not in in_notes]
+    shown = [f for f in pinned if f.id not in snapshot and f.id in in_notes]
+    return in_system, new, shown
 
 
 def max_reply_tokens(context_window: int) -> int:
@@ -345,17 +366,22 @@ class ChatService:
             ),
             self._knowledge_for(chat.user_pk, vector, self._config.knowledge_k),
         )
+        in_system, new_facts, shown_before = split_pinned(pinned, view)
         context = self._assembler.assemble(
             new_message=content,
             memories=await self._memories(chat.user_pk, hits),
             recent=recent,
             budget=budget,
-            pinned=pinned,
+            pinned=in_system,
             summary=view.state.text,
             knowledge=[hit.retrieved() for hit in knowledge],
+            new_facts=new_facts,
         )
         report = replace(
             context.report,
+            pinned_facts=tuple(
+                sorted([*context.report.pinned_facts, *shown_before], key=fact_order)
+            ),
             summary_version=view.state.version,
             summary_through_seq=view.state.through_seq,
             pruned_message_ids=view.pruned_message_ids,
@@ -374,10 +400,14 @@ class ChatService:
         return replace(context, report=report)
 
     async def _keep_turn_context(self, message_id: int, report: ContextReport) -> None:
-        note = [m.content for m in self._assembler.turn_context(report.memories, report.knowledge)]
+        new_facts = report.new_facts
+        sent = self._assembler.turn_context(report.memories, report.knowledge, new_facts)
+        note = [m.content for m in sent]
         tokens = sum(self._assembler.message_tokens(self._engine.count_tokens(n)) for n in note)
         shown = [m.message_id for m in report.memories]
-        await self._windows.summaries.set_context_note(message_id, note, tokens, shown)
+        await self._windows.summaries.set_context_note(
+            message_id, note, tokens, shown, [f.id for f in new_facts]
+        )
 
     async def _knowledge_for(self, user_pk: int, vector: np.ndarray, k: int) -> list[KnowledgeHit]:
         """The user's own and shared knowledge chunks closest to the message."""

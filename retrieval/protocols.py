@@ -161,6 +161,7 @@ class WindowTurn:
     # The per-turn context this message was sent with, as sent (user messages of turns).
     note: tuple[str, ...] = ()
     note_ids: tuple[int, ...] = ()
+    note_fact_ids: tuple[int, ...] = ()
 
     @property
     def speaker(self) -> str:

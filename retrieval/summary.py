@@ -28,6 +28,8 @@ class SummaryState:
     text: str = ""
     summarizer: str = ""
     token_count: int = 0
+    # Pinned facts the system message carries (see SessionSummary.pinned_fact_ids).
+    pinned_fact_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

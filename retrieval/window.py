@@ -42,6 +42,7 @@ def window_turn(row: Message) -> WindowTurn:
         created_at=as_utc(row.created_at),
         note=tuple(row.context_note or ()),
         note_ids=tuple(row.context_note_ids or ()),
+        note_fact_ids=tuple(row.context_note_fact_ids or ()),
     )
 
 
@@ -74,6 +75,7 @@ class WindowKeeper:
                 text=row.text,
                 summarizer=row.summarizer,
                 token_count=row.token_count,
+                pinned_fact_ids=frozenset(row.pinned_fact_ids or ()),
             )
         rows = await self._summaries.list_window(session_id, state.through_seq)
         return state, [window_turn(r) for r in rows]
@@ -113,6 +115,8 @@ class WindowKeeper:
             text=text,
             summarizer=self._summarizer.name if plan.evicted else state.summarizer,
             token_count=self._assembler.count_tokens(text) if text else 0,
+            # The prefix changes here anyway: the system message takes up every pinned fact.
+            pinned_fact_ids=frozenset(f.id for f in pinned),
         )
         if persist:
             await self._store(session_id, new_state)
@@ -125,6 +129,7 @@ class WindowKeeper:
                 version=state.version,
                 through_seq=state.through_seq,
                 pruned_seqs=sorted(state.pruned_seqs),
+                pinned_fact_ids=sorted(state.pinned_fact_ids),
                 text=state.text,
                 summarizer=state.summarizer,
                 token_count=state.token_count,

@@ -96,6 +96,7 @@ class Message(Base):
     context_note_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Ids of the past turns shown in that note: not retrieved again while it is in view.
     context_note_ids: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
+    context_note_fact_ids: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     # What an image shared with the turn shows (from the client); indexed, not returned.
     image_caption: Mapped[str | None] = mapped_column(Text, nullable=True)
 
@@ -181,6 +182,9 @@ class SessionSummary(Base):
     version: Mapped[int] = mapped_column(Integer)
     through_seq: Mapped[int] = mapped_column(Integer)
     pruned_seqs: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # The pinned facts the system message carries from this version on; facts pinned
+    # later are shown in the turns' own context until the next version.
+    pinned_fact_ids: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     text: Mapped[str] = mapped_column(Text)
     summarizer: Mapped[str] = mapped_column(String(64))
     token_count: Mapped[int] = mapped_column(Integer)

@@ -40,6 +40,7 @@ class SummaryStore:
         version: int,
         through_seq: int,
         pruned_seqs: Sequence[int],
+        pinned_fact_ids: Sequence[int],
         text: str,
         summarizer: str,
         token_count: int,
@@ -50,6 +51,7 @@ class SummaryStore:
             version=version,
             through_seq=through_seq,
             pruned_seqs=sorted(pruned_seqs),
+            pinned_fact_ids=sorted(pinned_fact_ids),
             text=text,
             summarizer=summarizer,
             token_count=token_count,
@@ -70,7 +72,12 @@ class SummaryStore:
             return list(rows.all())
 
     async def set_context_note(
-        self, message_id: int, note: Sequence[str], tokens: int, shown_ids: Sequence[int]
+        self,
+        message_id: int,
+        note: Sequence[str],
+        tokens: int,
+        shown_ids: Sequence[int],
+        shown_fact_ids: Sequence[int],
     ) -> None:
         """Keep the per-turn context a message was sent with (see Message.context_note)."""
         async with transaction(self._sessionmaker) as session:
@@ -81,5 +88,6 @@ class SummaryStore:
                     context_note=list(note),
                     context_note_tokens=tokens,
                     context_note_ids=list(shown_ids),
+                    context_note_fact_ids=list(shown_fact_ids),
                 )
             )

@@ -10,10 +10,13 @@ from typing import Any
 from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
-from app.settings import FactSettings, Settings
+from app.settings import PROMPTS_DIR, FactSettings, Settings
+from retrieval.context import NEW_FACTS_HEADER
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history
 from tests.test_api_sessions import create_session
+
+SYSTEM_PROMPT = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8").strip()
 
 
 async def facts_of(client: AsyncTestClient, user_id: str = "alice", **params: str) -> list[dict]:
@@ -132,8 +135,13 @@ async def test_chinese_facts_are_extracted_and_pinned(client: AsyncTestClient) -
         "用户的名字是小明。",
         "用户6岁。",
     ]
-    system = body["messages"][0]["content"]
-    assert '- "用户的名字是小明。" (stated ' in system
+    # Facts pinned since the window's last compaction come with the turn's own context,
+    # so the system message, the head of every prompt, stays as it was.
+    assert body["messages"][0]["content"] == SYSTEM_PROMPT
+    facts_message = body["messages"][-2]
+    assert facts_message["role"] == "system"
+    assert facts_message["content"].startswith(NEW_FACTS_HEADER)
+    assert '- "用户的名字是小明。" (stated ' in facts_message["content"]
     assert body["context"]["tokens"]["facts"] > 0
 
 
@@ -278,3 +286,27 @@ async def test_messages_stored_while_extraction_was_off_are_read_at_next_start(
     ) as client:
         [fact] = await wait_for_facts(client, 1)
         assert (fact["subject"], fact["value"]) == ("diet", "vegan")
+
+
+async def test_a_newly_pinned_fact_does_not_change_the_prompt_prefix(
+    client: AsyncTestClient, engine: ScriptedEngine
+) -> None:
+    session = await create_session(client)
+    await say(client, session["id"], "I'm allergic to peanuts.")
+    await wait_for_facts(client, 1)
+    second = await say(client, session["id"], "Any snack ideas?")
+    third = await say(client, session["id"], "And for dinner?")
+    first_prompt, second_prompt, third_prompt = engine.prompts
+    # The fact arrives in the second turn's own context, after everything the first
+    # prompt held; the third prompt keeps it there, as sent.
+    assert second_prompt[: len(first_prompt)] == first_prompt
+    assert third_prompt[: len(second_prompt)] == second_prompt
+    assert second_prompt[0] == first_prompt[0]
+    assert second_prompt[-2].content.startswith(NEW_FACTS_HEADER)
+    assert [f["text"] for f in second["context"]["new_facts"]] == [
+        "The user is allergic to peanuts."
+    ]
+    assert third["context"]["new_facts"] == []
+    assert [f["text"] for f in third["context"]["pinned_facts"]] == [
+        "The user is allergic to peanuts."
+    ]

@@ -25,6 +25,7 @@ def upgrade() -> None:
     sa.Column('version', sa.Integer(), nullable=False),
     sa.Column('through_seq', sa.Integer(), nullable=False),
     sa.Column('pruned_seqs', sa.JSON(), nullable=False),
+    sa.Column('pinned_fact_ids', sa.JSON(), nullable=True),
     sa.Column('text', sa.Text(), nullable=False),
     sa.Column('summarizer', sa.String(length=64), nullable=False),
     sa.Column('token_count', sa.Integer(), nullable=False),

@@ -23,10 +23,12 @@ def upgrade() -> None:
             sa.Column('context_note_tokens', sa.Integer(), server_default='0', nullable=False)
         )
         batch.add_column(sa.Column('context_note_ids', sa.JSON(), nullable=True))
+        batch.add_column(sa.Column('context_note_fact_ids', sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table('messages') as batch:
+        batch.drop_column('context_note_fact_ids')
         batch.drop_column('context_note_ids')
         batch.drop_column('context_note_tokens')
         batch.drop_column('context_note')
