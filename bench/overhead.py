@@ -154,7 +154,9 @@ async def measure_extraction(turns: list[tuple[str, str]], num_turns: int) -> No
         f"\nrule extractor: {per_message * 1e6:.0f} us per message, {found} candidate facts "
         f"in {len(texts)} LoCoMo turns"
     )
-    for kind in ("rules", "none", "rules", "none"):
+    # With statements (facts found, pinned and shown) and without (extraction work only).
+    runs = [(k, s) for s in (True, False) for k in ("rules", "none", "rules", "none")]
+    for kind, with_statements in runs:
         with tempfile.TemporaryDirectory() as tmp:
             settings = Settings(data_dir=Path(tmp), facts=FactSettings(extractor=kind))
             engine = create_engine(settings.resolved_database_url())
@@ -162,12 +164,14 @@ async def measure_extraction(turns: list[tuple[str, str]], num_turns: int) -> No
             await engine.dispose()
             runtime = await build_runtime(settings)
             try:
-                await turn_latency(runtime, kind, texts, num_turns)
+                await turn_latency(runtime, kind, texts, num_turns, with_statements)
             finally:
                 await close_runtime(runtime)
 
 
-async def turn_latency(runtime: Runtime, kind: str, texts: list[str], num_turns: int) -> None:
+async def turn_latency(
+    runtime: Runtime, kind: str, texts: list[str], num_turns: int, with_statements: bool
+) -> None:
     """Back-to-back turns: extraction of one turn (if on) overlaps the next turn."""
     chat, user = await runtime.store.create_session("bench-facts", None, {})
     params = SamplingParams(max_tokens=8, temperature=0)
@@ -177,7 +181,8 @@ async def turn_latency(runtime: Runtime, kind: str, texts: list[str], num_turns:
     ]  # fmt: skip
     latencies = []
     for i in range(num_turns):
-        content = statements[i % len(statements)] if i % 2 == 0 else texts[i]
+        stating = with_statements and i % 2 == 0
+        content = statements[i % len(statements)] if stating else texts[i]
         t0 = time.perf_counter()
         await runtime.chat.complete_turn(chat.id, content, params)
         latencies.append(time.perf_counter() - t0)
@@ -186,7 +191,8 @@ async def turn_latency(runtime: Runtime, kind: str, texts: list[str], num_turns:
         await runtime.fact_worker.drain()
     drained = time.perf_counter() - t0
     facts = await runtime.facts.store.list_facts(user.id)
-    print(summary(f"chat turn, extraction {kind:<5}", latencies[2:]))
+    label = "statements" if with_statements else "chat only"
+    print(summary(f"turn, {label}, extract {kind:<5}", latencies[2:]))
     print(f"    {len(facts)} active facts; worker drained {drained * 1000:.1f} ms after last reply")
 
 
