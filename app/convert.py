@@ -5,7 +5,7 @@ from __future__ import annotations
 from app import schemas
 from retrieval import chat as chat_service
 from retrieval import context as ctx
-from retrieval.facts.service import FactHit
+from retrieval.facts.service import FactHit, PinnedFact
 from retrieval.knowledge import KnowledgeHit
 from retrieval.protocols import Completion
 from storage.models import ChatSession, Fact, FactChange, KnowledgeDocument, User
@@ -36,28 +36,20 @@ def message_body(turn: chat_service.StoredTurn) -> schemas.Message:
     )
 
 
+def pinned_fact_body(fact: PinnedFact) -> schemas.PinnedFactUsed:
+    return schemas.PinnedFactUsed(
+        id=fact.id,
+        text=fact.text,
+        category=fact.category,
+        priority=fact.priority,
+        valid_from=fact.valid_from,
+    )
+
+
 def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
     return schemas.ContextReport(
-        pinned_facts=[
-            schemas.PinnedFactUsed(
-                id=f.id,
-                text=f.text,
-                category=f.category,
-                priority=f.priority,
-                valid_from=f.valid_from,
-            )
-            for f in report.pinned_facts
-        ],
-        new_facts=[
-            schemas.PinnedFactUsed(
-                id=f.id,
-                text=f.text,
-                category=f.category,
-                priority=f.priority,
-                valid_from=f.valid_from,
-            )
-            for f in report.new_facts
-        ],
+        pinned_facts=[pinned_fact_body(f) for f in report.pinned_facts],
+        new_facts=[pinned_fact_body(f) for f in report.new_facts],
         facts_omitted=list(report.facts_omitted),
         memories=[
             schemas.MemoryUsed(

@@ -276,6 +276,7 @@ async def build_runtime(
     worker = FactWorker(facts) if settings.facts.extractor != "none" else None
     assembler = ContextAssembler(engine, system_prompt, stable_layout=settings.chat.stable_layout)
     windows = WindowKeeper(
+        store,
         SummaryStore(store.sessionmaker),
         build_summarizer(settings, engine),
         assembler,

@@ -25,7 +25,7 @@ from retrieval.context import (
     RetrievedMemory,
 )
 from retrieval.errors import EngineBusyError, InvalidInputError
-from retrieval.facts.service import FactHit, FactMemory, PinnedFact
+from retrieval.facts.service import FactHit, FactMemory, PinnedFact, fact_order
 from retrieval.knowledge import KnowledgeBase, KnowledgeHit
 from retrieval.memory import TurnMemory
 from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta, WindowTurn
@@ -125,10 +125,6 @@ def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
         if a != b:
             return position
     return min(len(first), len(second))
-
-
-def fact_order(fact: PinnedFact) -> tuple[int, int]:
-    return (-fact.priority, fact.id)
 
 
 def split_pinned(
@@ -484,10 +480,6 @@ class ChatService:
 
     async def list_summaries(self, session_id: str) -> list[SessionSummary]:
         return await self._windows.summaries.list_summaries(session_id)
-
-    async def embed_query(self, query: str) -> np.ndarray:
-        self.validate_content(query, "query")
-        return (await self._memory.embed([query]))[0]
 
     async def search(
         self, user: User, query: str, k: int, session_id: str | None = None

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from retrieval.errors import ContextTooLongError
-from retrieval.facts.service import PinnedFact
+from retrieval.facts.service import PinnedFact, fact_order
 from retrieval.protocols import ChatMessage, Engine
 
 
@@ -260,10 +260,10 @@ class ContextAssembler:
             prompt_tokens=prompt_tokens,
             context_window=budget.context_window,
             reply_tokens_reserved=budget.reply_tokens,
-            pinned_facts=tuple(sorted([*chosen_facts, *chosen_new], key=_fact_order)),
+            pinned_facts=tuple(sorted([*chosen_facts, *chosen_new], key=fact_order)),
             facts_omitted=tuple(
                 f.id
-                for f in sorted([*pinned, *new_facts], key=_fact_order)
+                for f in sorted([*pinned, *new_facts], key=fact_order)
                 if f.id not in chosen_ids
             ),
             new_facts=tuple(chosen_new),
@@ -454,10 +454,6 @@ class ContextAssembler:
 
 def _new_facts_text(facts: Sequence[PinnedFact]) -> str:
     return "\n".join([NEW_FACTS_HEADER, *(format_fact(f) for f in facts)])
-
-
-def _fact_order(fact: PinnedFact) -> tuple[int, int]:
-    return (-fact.priority, fact.id)
 
 
 def _memory_text(memories: Sequence[RetrievedMemory]) -> str:

@@ -13,6 +13,7 @@ from retrieval.summary import SummaryState, WindowPolicy, plan_compaction
 from retrieval.timeutil import as_utc
 from storage.errors import ConflictError
 from storage.models import Message
+from storage.repository import Store
 from storage.summaries import SummaryStore
 
 
@@ -49,11 +50,13 @@ def window_turn(row: Message) -> WindowTurn:
 class WindowKeeper:
     def __init__(
         self,
+        store: Store,
         summaries: SummaryStore,
         summarizer: Summarizer,
         assembler: ContextAssembler,
         config: WindowConfig,
     ) -> None:
+        self._messages = store
         self._summaries = summaries
         self._summarizer = summarizer
         self._assembler = assembler
@@ -77,7 +80,7 @@ class WindowKeeper:
                 token_count=row.token_count,
                 pinned_fact_ids=frozenset(row.pinned_fact_ids or ()),
             )
-        rows = await self._summaries.list_window(session_id, state.through_seq)
+        rows = await self._messages.list_messages(session_id, after_seq=state.through_seq)
         return state, [window_turn(r) for r in rows]
 
     async def keep_within_budget(

@@ -108,23 +108,6 @@ class Store:
         async with self._transaction() as session:
             return await _session_and_user(session, session_id)
 
-    async def get_session_with_recent(
-        self, session_id: str, num_recent: int
-    ) -> tuple[ChatSession, User, list[Message]]:
-        """A session, its user and its last `num_recent` messages (oldest first), in one read."""
-        async with self._transaction() as session:
-            chat, user = await _session_and_user(session, session_id)
-            recent: list[Message] = []
-            if num_recent > 0:
-                rows = await session.scalars(
-                    select(Message)
-                    .where(Message.session_id == session_id)
-                    .order_by(Message.seq.desc())
-                    .limit(num_recent)
-                )
-                recent = list(reversed(rows.all()))
-        return chat, user, recent
-
     async def list_sessions(self, user_external_id: str) -> list[tuple[ChatSession, int]]:
         """Sessions of a user, oldest first, each with its number of messages."""
         counts = (

@@ -61,16 +61,6 @@ class SummaryStore:
             session.add(row)
         return row
 
-    async def list_window(self, session_id: str, after_seq: int) -> list[Message]:
-        """The session's messages after `after_seq`, oldest first."""
-        async with transaction(self._sessionmaker) as session:
-            rows = await session.scalars(
-                select(Message)
-                .where(Message.session_id == session_id, Message.seq > after_seq)
-                .order_by(Message.seq)
-            )
-            return list(rows.all())
-
     async def set_context_note(
         self,
         message_id: int,

@@ -50,6 +50,11 @@ class PinnedFact:
     valid_from: dt.datetime
 
 
+def fact_order(fact: PinnedFact | Fact) -> tuple[int, int]:
+    """Prompt order of pinned facts: highest priority first, then oldest."""
+    return (-fact.priority, fact.id)
+
+
 @dataclass(frozen=True, slots=True)
 class FactHit:
     fact: Fact
@@ -233,7 +238,7 @@ class FactMemory:
     async def pinned(self, user_pk: int) -> list[PinnedFact]:
         """Active pinned facts in prompt order: highest priority first, then oldest."""
         facts = [f for f in await self._facts.list_facts(user_pk) if f.is_pinned]
-        facts.sort(key=lambda f: (-f.priority, f.id))
+        facts.sort(key=fact_order)
         return [PinnedFact(f.id, f.text, f.category, f.priority, utc(f.valid_from)) for f in facts]
 
     async def search(self, user_pk: int, vector: np.ndarray, k: int) -> list[FactHit]:
