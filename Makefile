@@ -15,7 +15,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,7 +70,16 @@ vllm-serve: install
 stack-local: vllm
 	$(BIN)/python tools/stack_local.py
 
-test: lint vllm
+# The admin page's browser test drives Debian's chromium and chromedriver (headless).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# fonts-noto-cjk: the page shows Chinese text, which needs a CJK font to render.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
+		dpkg -s fonts-noto-cjk >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		  $(SUDO) apt-get install -y -qq chromium chromium-driver fonts-noto-cjk; }
+
+test: lint vllm browser
 	$(BIN)/pytest
 
 bench: install-dev

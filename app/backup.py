@@ -59,9 +59,9 @@ class BackupFormatError(ValueError):
     """An import file that is not a memchat export."""
 
 
-async def export_user(store: Store, user_id: str) -> Iterator[bytes]:
+async def export_user(store: Store, user_id: str, tenant_id: int) -> Iterator[bytes]:
     """The user's memory as JSON lines (each ending with a newline)."""
-    sessions = await store.list_user_sessions(user_id)
+    sessions = await store.list_user_sessions(user_id, tenant_id=tenant_id)
     lines = [_encoder.encode(Header(FORMAT, VERSION, user_id))]
     for chat, messages in sessions:
         lines.append(
@@ -123,7 +123,7 @@ def _decode(number: int, line: bytes) -> Record:
 
 
 async def import_user(
-    store: Store, memory: TurnMemory, lines: Iterable[bytes]
+    store: Store, memory: TurnMemory, lines: Iterable[bytes], tenant_id: int
 ) -> tuple[int, int, int]:
     """Restore an export; returns (sessions restored, messages restored, sessions skipped)."""
     user_id, sessions = parse_export(lines)
@@ -151,6 +151,7 @@ async def import_user(
                 )
                 for m in messages
             ],
+            tenant_id=tenant_id,
         )
         if restored is None:
             num_skipped += 1

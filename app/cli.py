@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 import structlog
 
+from app.access import LocalModeRefusedError
 from app.engine_cli import add_engine_commands
+from app.keys_cli import add_key_commands
 from app.settings import Settings
 
 
@@ -51,11 +54,31 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
     from app.factory import create_app
 
-    host = args.host or settings.host
-    port = args.port or settings.port
+    settings = settings.model_copy(
+        update={"host": args.host or settings.host, "port": args.port or settings.port}
+    )
     asyncio.run(_migrate(settings, "head"))
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
+    try:
+        asyncio.run(_check_access(settings))
+    except LocalModeRefusedError as exc:
+        print(f"memchat serve: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
+    )
     return 0
+
+
+async def _check_access(settings: Settings) -> None:
+    from app.access import check_local_mode
+    from storage.access import AccessStore
+    from storage.db import create_engine, create_sessionmaker
+
+    engine = create_engine(settings.resolved_database_url())
+    try:
+        await check_local_mode(AccessStore(create_sessionmaker(engine)), settings.host)
+    finally:
+        await engine.dispose()
 
 
 async def _reindex(settings: Settings) -> tuple[int, int]:
@@ -85,14 +108,16 @@ def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _export(settings: Settings, user_id: str, output: str) -> int:
+async def _export(settings: Settings, user_id: str, tenant_name: str, output: str) -> int:
     from app.backup import export_user
+    from storage.access import AccessStore
     from storage.db import create_engine, create_sessionmaker
-    from storage.repository import Store
 
     engine = create_engine(settings.resolved_database_url())
     try:
-        lines = list(await export_user(Store(create_sessionmaker(engine)), user_id))
+        store = AccessStore(create_sessionmaker(engine))
+        tenant = await store.get_tenant(tenant_name)
+        lines = list(await export_user(store, user_id, tenant.id))
     finally:
         await engine.dispose()
     if output == "-":
@@ -105,23 +130,24 @@ async def _export(settings: Settings, user_id: str, output: str) -> int:
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
     asyncio.run(_migrate(settings, "head"))
-    num_records = asyncio.run(_export(settings, args.user_id, args.output))
+    num_records = asyncio.run(_export(settings, args.user_id, args.tenant, args.output))
     print(f"exported {num_records} records of user {args.user_id!r}", file=sys.stderr)
     return 0
 
 
-async def _import(settings: Settings, lines: list[bytes]) -> tuple[int, int, int]:
+async def _import(settings: Settings, lines: list[bytes], tenant_name: str) -> tuple[int, int, int]:
     from app.backup import import_user
     from app.factory import build_memory, load_embedder
+    from storage.access import AccessStore
     from storage.db import create_engine, create_sessionmaker
-    from storage.repository import Store
 
     engine = create_engine(settings.resolved_database_url())
     try:
-        store = Store(create_sessionmaker(engine))
+        store = AccessStore(create_sessionmaker(engine))
+        tenant = await store.ensure_tenant(tenant_name)
         memory = build_memory(settings, store, load_embedder(settings))
         await memory.check_model()
-        return await import_user(store, memory, lines)
+        return await import_user(store, memory, lines, tenant.id)
     finally:
         await engine.dispose()
 
@@ -134,7 +160,7 @@ def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
         lines = source.readlines()
     asyncio.run(_migrate(settings, "head"))
     try:
-        sessions, messages, skipped = asyncio.run(_import(settings, lines))
+        sessions, messages, skipped = asyncio.run(_import(settings, lines, args.tenant))
     except BackupFormatError as exc:
         print(f"memchat import: {exc}", file=sys.stderr)
         return 2
@@ -146,7 +172,8 @@ def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
     from app.terminal_chat import run_chat
 
     url = args.url or f"http://{settings.host}:{settings.port}"
-    return run_chat(url, args.user_id, args.session_id, max_tokens=args.max_tokens)
+    api_key = os.environ.get("MEMCHAT_API_KEY") or None
+    return run_chat(url, args.user_id, args.session_id, max_tokens=args.max_tokens, api_key=api_key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,18 +194,24 @@ def build_parser() -> argparse.ArgumentParser:
     reindex.set_defaults(run=cmd_reindex)
     export = commands.add_parser("export", help="write one user's memory as JSON Lines")
     export.add_argument("--user-id", required=True)
+    export.add_argument("--tenant", default="default", help="the user's tenant")
     export.add_argument("--output", default="-", help="file (default: standard output)")
     export.set_defaults(run=cmd_export)
     restore = commands.add_parser("import", help="restore an export (server stopped)")
     restore.add_argument("path", help="export file, or - for standard input")
+    restore.add_argument("--tenant", default="default", help="restore into this tenant")
     restore.set_defaults(run=cmd_import)
-    chat = commands.add_parser("chat", help="chat in the terminal with a running server")
+    chat = commands.add_parser(
+        "chat",
+        help="chat in the terminal with a running server (API key from $MEMCHAT_API_KEY)",
+    )
     chat.add_argument("--url", default=None, help="server URL (default from MEMCHAT_HOST/PORT)")
     chat.add_argument("--user-id", default="me")
     chat.add_argument("--session-id", default=None, help="continue this session")
     chat.add_argument("--max-tokens", type=int, default=None)
     chat.set_defaults(run=cmd_chat)
     add_engine_commands(commands)
+    add_key_commands(commands)
     return parser
 
 

@@ -8,7 +8,14 @@ from retrieval import context as ctx
 from retrieval.facts.service import FactHit, PinnedFact
 from retrieval.knowledge import KnowledgeHit
 from retrieval.protocols import Completion
-from storage.models import ChatSession, Fact, FactChange, KnowledgeDocument, User
+from storage.models import (
+    ChatSession,
+    Fact,
+    FactChange,
+    KnowledgeDocument,
+    SessionSummary,
+    User,
+)
 
 
 def session_body(chat: ChatSession, user: User, num_messages: int) -> schemas.Session:
@@ -197,4 +204,16 @@ def search_result_body(
         text=hit.turn.content,
         score=round(hit.score, 6),
         created_at=hit.turn.created_at,
+    )
+
+
+def summary_body(row: SessionSummary) -> schemas.Summary:
+    return schemas.Summary(
+        version=row.version,
+        through_seq=row.through_seq,
+        pruned_seqs=list(row.pruned_seqs),
+        text=row.text,
+        summarizer=row.summarizer,
+        token_count=row.token_count,
+        created_at=chat_service.as_utc(row.created_at),
     )

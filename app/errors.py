@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.response import Redirect
 
 from retrieval.errors import (
     DocumentTooLargeError,
@@ -195,6 +196,9 @@ def on_model_mismatch(
 def on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     if isinstance(exc, ValidationException):
         return on_validation(request, exc)
+    if exc.status_code == 401 and _is_admin_page(request.url.path):
+        # A browser on the admin page without a key goes to the sign-in form.
+        return Redirect("/admin/login", status_code=303)
     detail = exc.detail if exc.detail != HTTPStatus(exc.status_code).phrase else ""
     return problem(
         request,
@@ -202,6 +206,10 @@ def on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any
         detail or HTTPStatus(exc.status_code).description,
         headers=dict(exc.headers or {}),  # e.g. Allow on 405
     )
+
+
+def _is_admin_page(path: str) -> bool:
+    return (path == "/admin" or path.startswith("/admin/")) and not path.startswith("/admin/v1")
 
 
 def on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

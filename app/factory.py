@@ -18,11 +18,23 @@ import structlog
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
+from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.template.config import TemplateConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access import (
+    PUBLIC_PATHS,
+    AccessGate,
+    AccessMiddleware,
+    check_local_mode,
+    provide_principal,
+)
 from app.errors import EXCEPTION_HANDLERS
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
+from app.routes.admin import AdminController, Deployment
+from app.routes.admin_page import AdminLoginController, AdminPageController
 from app.routes.facts import FactController
 from app.routes.health import healthz, readyz
 from app.routes.knowledge import KnowledgeController
@@ -39,6 +51,7 @@ from retrieval.facts.worker import FactWorker
 from retrieval.knowledge import KnowledgeBase, KnowledgeConfig
 from retrieval.lexical import Feedback
 from retrieval.memory import RetrievalConfig, TurnMemory
+from retrieval.operations import MemoryOperations
 from retrieval.protocols import (
     Embedder,
     Engine,
@@ -51,6 +64,8 @@ from retrieval.summary import ExtractiveSummarizer, LlmSummarizer
 from retrieval.turn_text import TextRecipe
 from retrieval.window import WindowConfig, WindowKeeper
 from storage import migrate
+from storage.access import AccessStore
+from storage.admin import AdminStore
 from storage.db import create_engine, create_sessionmaker
 from storage.facts import FactStore
 from storage.knowledge import KnowledgeStore
@@ -58,6 +73,8 @@ from storage.repository import Store
 from storage.summaries import SummaryStore
 
 log = structlog.get_logger(__name__)
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
 
 
 def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
@@ -144,8 +161,11 @@ class Runtime:
     chat: ChatService
     facts: FactMemory
     fact_worker: FactWorker | None
+    access: AccessStore
+    operations: MemoryOperations
+    summaries: SummaryStore
+    knowledge: KnowledgeBase
     owns_engine: bool = field(default=True)
-    knowledge: KnowledgeBase | None = None
 
 
 def load_embedder(settings: Settings) -> Embedder:
@@ -275,9 +295,10 @@ async def build_runtime(
     )
     worker = FactWorker(facts) if settings.facts.extractor != "none" else None
     assembler = ContextAssembler(engine, system_prompt, stable_layout=settings.chat.stable_layout)
+    summaries = SummaryStore(store.sessionmaker)
     windows = WindowKeeper(
         store,
-        SummaryStore(store.sessionmaker),
+        summaries,
         build_summarizer(settings, engine),
         assembler,
         WindowConfig(
@@ -310,15 +331,26 @@ async def build_runtime(
     if worker is not None:
         await worker.start()
     return Runtime(
-        db_engine, store, embedder, engine, memory, chat, facts, worker, owns_engine, knowledge
+        db_engine,
+        store,
+        embedder,
+        engine,
+        memory,
+        chat,
+        facts,
+        worker,
+        access=AccessStore(store.sessionmaker),
+        operations=MemoryOperations(AdminStore(store.sessionmaker), memory, knowledge),
+        summaries=summaries,
+        knowledge=knowledge,
+        owns_engine=owns_engine,
     )
 
 
 async def close_runtime(runtime: Runtime) -> None:
     if runtime.fact_worker is not None:
         await runtime.fact_worker.stop()
-    if runtime.knowledge is not None:
-        await runtime.knowledge.close()
+    await runtime.knowledge.close()
     runtime.memory.save()
     if runtime.owns_engine:
         await runtime.engine.close()
@@ -331,11 +363,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         runtime = await build_runtime(settings, embedder=embedder, engine=engine)
-        app.state.runtime = runtime
-        log.info("memchat_ready", database=runtime.db_engine.url.render_as_string())
         try:
+            await check_local_mode(runtime.access, settings.host)
+            gate.access = runtime.access
+            app.state.runtime = runtime
+            log.info("memchat_ready", database=runtime.db_engine.url.render_as_string())
             yield
         finally:
+            gate.access = None
             await close_runtime(runtime)
 
     def provide_store(state: State) -> Store:
@@ -353,6 +388,23 @@ def create_app(
     def provide_sampling() -> SamplingDefaults:
         return sampling
 
+    def provide_deployment(state: State) -> Deployment:
+        runtime: Runtime = state.runtime
+        return Deployment(
+            index_kind=settings.index.kind,
+            index_dir=settings.index_dir,
+            embedder=runtime.embedder.model_name,
+            engine=runtime.engine.model_name,
+        )
+
+    def runtime_part(name: str) -> Provide:
+        def provide(state: State) -> Any:
+            return getattr(state.runtime, name)
+
+        return Provide(provide, sync_to_thread=False)
+
+    gate = AccessGate(settings.access.requests_per_minute)
+
     sampling = SamplingDefaults(
         max_tokens=settings.engine.max_tokens,
         temperature=settings.engine.temperature,
@@ -365,6 +417,12 @@ def create_app(
         "fact_memory": Provide(provide_fact_memory, sync_to_thread=False),
         "sampling": Provide(provide_sampling, sync_to_thread=False),
         "knowledge": Provide(provide_knowledge, sync_to_thread=False),
+        "principal": Provide(provide_principal, sync_to_thread=False),
+        "deployment": Provide(provide_deployment, sync_to_thread=False),
+        "access": runtime_part("access"),
+        "operations": runtime_part("operations"),
+        "turn_memory": runtime_part("memory"),
+        "summaries": runtime_part("summaries"),
     }
     return Litestar(
         route_handlers=[
@@ -372,11 +430,15 @@ def create_app(
             MemoryController,
             FactController,
             KnowledgeController,
+            AdminController,
+            AdminLoginController,
+            AdminPageController,
             healthz,
             readyz,
             metrics,
         ],
-        state=State({"engine_metrics": EngineMetrics()}),
+        state=State({"engine_metrics": EngineMetrics(), "access_gate": gate}),
+        middleware=[DefineMiddleware(AccessMiddleware, exclude=PUBLIC_PATHS)],
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
@@ -390,4 +452,5 @@ def create_app(
             ],
         ),
         request_max_body_size=settings.max_request_bytes,
+        template_config=TemplateConfig(directory=TEMPLATES_DIR, engine=JinjaTemplateEngine),
     )

@@ -16,7 +16,7 @@ import msgspec
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
-from app import schemas
+from app import admin_schemas, schemas
 from app.knowledge_openapi import knowledge_contract
 from app.settings import Settings
 from retrieval.chat import max_reply_tokens
@@ -41,6 +41,7 @@ STRUCTS = (
     schemas.FactUpdate,
     schemas.Fact,
     schemas.FactList,
+    admin_schemas.AdminSearch,
 )
 # What msgspec accepts as a datetime: RFC 3339, the offset optional (then UTC). 29 February
 # is left out, as a pattern cannot tell leap years; the server still accepts it in them.
@@ -57,6 +58,15 @@ REQUEST_BODIES = {
     ("/v1/memory/search", "post"): "SearchRequest",
     ("/v1/users/{user_id}/facts", "post"): "FactCreate",
     ("/v1/facts/{fact_id}", "patch"): "FactUpdate",
+    ("/admin/v1/facts/{fact_id}", "patch"): "FactUpdate",
+    ("/admin/v1/users/{user_pk}/search", "post"): "AdminSearch",
+}
+PUBLIC = ("/healthz", "/readyz", "/metrics")
+SECURITY_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "An API key from `memchat keys create`. Not needed in local mode (no key "
+    "exists, loopback only).",
 }
 
 TEXT_FIELDS = {
@@ -64,6 +74,7 @@ TEXT_FIELDS = {
     "HistoryMessage": "content",
     "ContextRequest": "content",
     "SearchRequest": "query",
+    "AdminSearch": "query",
 }
 
 
@@ -73,7 +84,8 @@ def body_schemas(settings: Settings, context_window: int) -> dict[str, Any]:
     )
     for name, schema in components.items():
         if name in ("SessionCreate", "MessageCreate", "HistoryMessage", "HistoryImport",
-                    "SearchRequest", "ContextRequest", "FactCreate", "FactUpdate"):  # fmt: skip
+                    "SearchRequest", "ContextRequest", "FactCreate", "FactUpdate",
+                    "AdminSearch"):  # fmt: skip
             schema["additionalProperties"] = False
     for name, field in TEXT_FIELDS.items():
         components[name]["properties"][field].update(
@@ -135,7 +147,37 @@ def contract_document(
         }
     }
     knowledge_contract(patched, settings)
+    _security(patched)
     return patched
+
+
+def _security(document: dict[str, Any]) -> None:
+    """Bearer keys everywhere but the probes; 401 and 429 may answer any secured call."""
+    document["components"]["securitySchemes"] = {"apiKey": SECURITY_SCHEME}
+    document["security"] = [{"apiKey": []}]
+    refusals = {
+        "401": "No API key, or an unknown or revoked one (outside local mode).",
+        "429": "This key's rate limit is reached; see Retry-After.",
+    }
+    for path, operations in document["paths"].items():
+        for operation in operations.values():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            if path in PUBLIC:
+                operation["security"] = []
+                continue
+            for status, why in refusals.items():
+                operation["responses"].setdefault(
+                    status,
+                    {
+                        "description": why,
+                        "content": {
+                            "application/problem+json": {
+                                "schema": {"$ref": "#/components/schemas/ProblemDetails"}
+                            }
+                        },
+                    },
+                )
 
 
 class _Contract:

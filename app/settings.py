@@ -49,7 +49,7 @@ class VllmSettings(BaseModel):
     failure_threshold: int = Field(3, ge=1)
     # ... and lets one probe request through after this long.
     reset_after_s: float = Field(10.0, gt=0)
-    # A cache_salt per tenant (the user, until the service has tenants): no shared prefixes.
+    # A cache_salt per tenant: no cached prefix is shared between tenants.
     isolate_tenant_cache: bool = False
 
 
@@ -150,6 +150,14 @@ class RetrievalSettings(BaseModel):
     context_weight: float = Field(0.5, ge=0, le=1)
 
 
+class AccessSettings(BaseModel):
+    """API keys are managed with `memchat keys`; without any, the service is in local mode."""
+
+    # Per key, unless the key has its own (`memchat keys create --requests-per-minute`);
+    # 0 = no limit. A client application usually sends all its users' requests with one key.
+    requests_per_minute: int = Field(1200, ge=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMCHAT_", env_nested_delimiter="__", extra="ignore"
@@ -173,6 +181,7 @@ class Settings(BaseSettings):
     # Collection names start with it: deployments sharing a Chroma server never meet.
     chroma_prefix: str = Field("memchat", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
     retrieval: RetrievalSettings = RetrievalSettings()
+    access: AccessSettings = AccessSettings()
     # Shorthand for engine.vllm.urls, comma-separated (MEMCHAT_VLLM_URLS).
     vllm_urls: str | None = None
 

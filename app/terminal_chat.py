@@ -40,8 +40,17 @@ def _stream_reply(
                     print(f"\n[error] {data.get('detail')}")
 
 
-def run_chat(url: str, user_id: str, session_id: str | None, *, max_tokens: int | None) -> int:
-    with httpx.Client(base_url=url, timeout=httpx.Timeout(10.0, read=300.0)) as client:
+def run_chat(
+    url: str,
+    user_id: str,
+    session_id: str | None,
+    *,
+    max_tokens: int | None,
+    api_key: str | None = None,
+) -> int:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = httpx.Timeout(10.0, read=300.0)
+    with httpx.Client(base_url=url, timeout=timeout, headers=headers) as client:
         try:
             session_id = session_id or _create_session(client, user_id)
         except httpx.HTTPError as exc:

@@ -34,6 +34,7 @@ from retrieval.knowledge import Upload
 from retrieval.protocols import SamplingParams
 from storage import migrate
 from storage.db import create_engine
+from storage.models import DEFAULT_TENANT_ID
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10_dev.json"
 TURNS_PER_SESSION = 500
@@ -87,7 +88,9 @@ async def fill(
     """Store turns[start:stop], cycled, in sessions of TURNS_PER_SESSION; returns the last one."""
     session_id = ""
     for offset in range(start, stop, TURNS_PER_SESSION):
-        chat, _user = await runtime.store.create_session(user_id, f"bench {offset}", {})
+        chat, _user = await runtime.store.create_session(
+            user_id, f"bench {offset}", {}, tenant_id=DEFAULT_TENANT_ID
+        )
         session_id = chat.id
         batch = []
         for position in range(offset, min(stop, offset + TURNS_PER_SESSION)):
@@ -138,7 +141,7 @@ async def measure(
         knowledge = []
         for vector in vectors:
             t0 = time.perf_counter()
-            await runtime.knowledge.search(user.id, vector, 3)
+            await runtime.knowledge.search(user.tenant_id, user.id, vector, 3)
             knowledge.append(time.perf_counter() - t0)
         print(summary("  knowledge search (k=3) alone", knowledge))
 
@@ -173,7 +176,9 @@ async def turn_latency(
     runtime: Runtime, kind: str, texts: list[str], num_turns: int, with_statements: bool
 ) -> None:
     """Back-to-back turns: extraction of one turn (if on) overlaps the next turn."""
-    chat, user = await runtime.store.create_session("bench-facts", None, {})
+    chat, user = await runtime.store.create_session(
+        "bench-facts", None, {}, tenant_id=DEFAULT_TENANT_ID
+    )
     params = SamplingParams(max_tokens=8, temperature=0)
     statements = [
         "I'm allergic to peanuts.", "I live in Lisbon.", "My name is Ana.", "I love jazz.",
@@ -204,7 +209,7 @@ async def ingest(runtime: Runtime, user_id: str, documents: list[tuple[str, str]
     for position, (title, text) in enumerate(documents):
         owner = user_id if position % 2 else None
         document, _owner, _created = await runtime.knowledge.add(
-            Upload(owner, title, text, {}, "md")
+            Upload(DEFAULT_TENANT_ID, owner, title, text, {}, "md")
         )
         await runtime.knowledge.wait_idle()
         num_chunks += (await runtime.knowledge.store.get_document(document.id))[0].num_chunks

@@ -28,8 +28,12 @@ def _configure_and_run(connection: Connection) -> None:
 
 async def _run_with_own_engine(url: str) -> None:
     engine = create_engine(url)
-    async with engine.begin() as connection:
+    async with engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            # Table rebuilds must not cascade (see storage.migrate._migrate).
+            await connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
         await connection.run_sync(_configure_and_run)
+        await connection.commit()
     await engine.dispose()
 
 

@@ -247,10 +247,11 @@ class ChatService:
         self, session_id: str, content: str, content_tokens: int, params: SamplingParams
     ) -> AsyncIterator[TurnEvent]:
         async with self._lock(session_id):
-            chat, window, vector = await self._load_and_embed(session_id, content)
+            chat, user, window, vector = await self._load_and_embed(session_id, content)
             message = await self._persist_user_message(chat, content, content_tokens)
             context = await self._context(
                 chat,
+                user.tenant_id,
                 window,
                 vector,
                 content,
@@ -265,7 +266,7 @@ class ChatService:
             completion: Completion | None = None
             # The user's replica keeps their prefix cached. Set for the rest of this task
             # (one request): each turn sets its own route before generating.
-            current_route.set(Route(key=str(chat.user_pk), tenant=str(chat.user_pk)))
+            current_route.set(Route(key=str(chat.user_pk), tenant=str(user.tenant_id)))
             async for event in self._engine.stream(context.messages, params):
                 if isinstance(event, Completion):
                     completion = event
@@ -307,18 +308,19 @@ class ChatService:
 
     async def _load_and_embed(
         self, session_id: str, content: str
-    ) -> tuple[ChatSession, LoadedWindow, np.ndarray]:
-        """The session with its window, read while the new message is embedded."""
-        (chat, _user), window, vectors = await asyncio.gather(
+    ) -> tuple[ChatSession, User, LoadedWindow, np.ndarray]:
+        """The session, its user and its window, read while the new message is embedded."""
+        (chat, user), window, vectors = await asyncio.gather(
             self._store.get_session(session_id),
             self._windows.load(session_id),
             self._memory.embed([content]),
         )
-        return chat, window, vectors[0]
+        return chat, user, window, vectors[0]
 
     async def _context(
         self,
         chat: ChatSession,
+        tenant_id: int,
         window: LoadedWindow,
         vector: np.ndarray,
         content: str,
@@ -360,7 +362,7 @@ class ChatService:
             self._memory.search(
                 chat.user_pk, vector, self._config.retrieval_k, exclude, query=content
             ),
-            self._knowledge_for(chat.user_pk, vector, self._config.knowledge_k),
+            self._knowledge_for(tenant_id, chat.user_pk, vector, self._config.knowledge_k),
         )
         in_system, new_facts, shown_before = split_pinned(pinned, view)
         context = self._assembler.assemble(
@@ -405,11 +407,13 @@ class ChatService:
             message_id, note, tokens, shown, [f.id for f in new_facts]
         )
 
-    async def _knowledge_for(self, user_pk: int, vector: np.ndarray, k: int) -> list[KnowledgeHit]:
-        """The user's own and shared knowledge chunks closest to the message."""
+    async def _knowledge_for(
+        self, tenant_id: int, user_pk: int, vector: np.ndarray, k: int
+    ) -> list[KnowledgeHit]:
+        """The user's own and their tenant's shared knowledge chunks closest to the message."""
         if self._knowledge is None or k <= 0:
             return []
-        return await self._knowledge.search(user_pk, vector, k)
+        return await self._knowledge.search(tenant_id, user_pk, vector, k)
 
     async def _rows_of(
         self, user_pk: int, hits: Sequence[ScoredId]
@@ -443,8 +447,10 @@ class ChatService:
         """The context a message would get, without storing or generating anything."""
         self.validate_content(content)
         self._check_fits(self._engine.count_tokens(content), params)
-        chat, window, vector = await self._load_and_embed(session_id, content)
-        return await self._context(chat, window, vector, content, params, set(), persist=False)
+        chat, user, window, vector = await self._load_and_embed(session_id, content)
+        return await self._context(
+            chat, user.tenant_id, window, vector, content, params, set(), persist=False
+        )
 
     async def import_history(
         self, session_id: str, messages: Sequence[ImportedMessage]
@@ -501,7 +507,7 @@ class ChatService:
         if "fact" in kinds and self._facts is not None:
             found += await self._facts.search(user.id, vector, k)
         if "knowledge" in kinds:
-            found += await self._knowledge_for(user.id, vector, k)
+            found += await self._knowledge_for(user.tenant_id, user.id, vector, k)
         return sorted(found, key=lambda hit: -hit.score)[:k]
 
     async def _search_turns(

@@ -2,10 +2,12 @@
 
 SQL is the source of truth: a document's text and its chunks are stored before their
 vectors are added, so the index (Chroma by default) can always be rebuilt from SQL. Index
-scopes: 0 holds shared knowledge, a user's pk (>= 1) that user's own documents; a search
-for a user reads both scopes and nothing else. Like the turn index, a scope is reconciled
-with SQL when this process first uses it (missing chunks re-embedded, stray vectors
-removed), so a lost Chroma directory heals itself; `rebuild` redoes every scope.
+scopes (`storage.knowledge.scope_of`): minus a tenant's id holds the knowledge shared by
+that tenant's users, a user's pk (>= 1) that user's own documents; a search for a user
+reads their tenant's shared scope and their own, and nothing else. Like the turn index,
+a scope is reconciled with SQL when this process first uses it (missing chunks
+re-embedded, stray vectors removed), so a lost Chroma directory heals itself; `rebuild`
+redoes every scope.
 
 A document is `processing` until all its chunks are stored and indexed, then `ready`, or
 `failed` with a reason. Small documents are processed before the upload is answered;
@@ -37,12 +39,12 @@ from storage.knowledge import (
     NewChunk,
     NewDocument,
     StoredChunk,
+    scope_of,
 )
 from storage.models import KnowledgeDocument
 
 log = structlog.get_logger(__name__)
 
-SHARED_SCOPE = 0
 MARKDOWN_SOURCES = frozenset({"text", "md"})
 
 
@@ -59,6 +61,7 @@ class KnowledgeConfig:
 
 @dataclass(frozen=True, slots=True)
 class Upload:
+    tenant_id: int
     user_id: str | None
     title: str
     text: str
@@ -82,10 +85,6 @@ class KnowledgeHit:
             text=self.chunk.text,
             score=self.score,
         )
-
-
-def index_scope(user_pk: int | None) -> int:
-    return SHARED_SCOPE if user_pk is None else user_pk
 
 
 # Blank as the API documents it (JSON Schema's `\s`), so that documented-valid text is taken.
@@ -153,6 +152,7 @@ class KnowledgeBase:
             )
         document, owner, created = await self._store.add_document(
             NewDocument(
+                tenant_id=upload.tenant_id,
                 user_external_id=upload.user_id,
                 title=upload.title,
                 metadata=upload.metadata,
@@ -204,7 +204,7 @@ class KnowledgeBase:
                 document.id, FAILED, "the document has no text besides headings"
             )
             return
-        scope = index_scope(document.user_pk)
+        scope = scope_of(document.tenant_id, document.user_pk)
         try:
             await self._ensure_scope(scope)
             stale = await self._store.start_processing(document.id, len(chunks))
@@ -245,8 +245,7 @@ class KnowledgeBase:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        user_pk, chunk_ids = await self._store.delete_document(document_id)
-        scope = index_scope(user_pk)
+        scope, chunk_ids = await self._store.delete_document(document_id)
         if chunk_ids:
             await self._ensure_scope(scope)
             await asyncio.to_thread(self._index.remove, scope, chunk_ids)
@@ -263,15 +262,21 @@ class KnowledgeBase:
     async def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return await asyncio.to_thread(self._embedder.embed, list(texts))
 
-    async def search(self, user_pk: int | None, vector: np.ndarray, k: int) -> list[KnowledgeHit]:
-        """The best `k` chunks of ready documents, shared or the user's own, best first."""
+    async def search(
+        self, tenant_id: int, user_pk: int | None, vector: np.ndarray, k: int
+    ) -> list[KnowledgeHit]:
+        """The best `k` chunks of ready documents, the tenant's shared ones or the user's
+        own, best first."""
         if k <= 0:
             return []
-        owners = await self._searchable([None] if user_pk is None else [None, user_pk])
-        if not owners:
+        wanted = [scope_of(tenant_id, None)]
+        if user_pk is not None:
+            wanted.append(scope_of(tenant_id, user_pk))
+        scopes = await self._searchable(wanted)
+        if not scopes:
             return []
-        hits = await asyncio.to_thread(self._search, [index_scope(o) for o in owners], vector, k)
-        rows = await self._store.list_ready_chunks_by_id(owners, [h.id for h in hits])
+        hits = await asyncio.to_thread(self._search, scopes, vector, k)
+        rows = await self._store.list_ready_chunks_by_id(scopes, [h.id for h in hits])
         by_id = {row.id: row for row in rows}
         return [KnowledgeHit(by_id[h.id], h.score) for h in hits if h.id in by_id][:k]
 
@@ -279,20 +284,20 @@ class KnowledgeBase:
         hits = [hit for scope in scopes for hit in self._index.search(scope, vector, k)]
         return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
 
-    async def _searchable(self, owners: list[int | None]) -> list[int | None]:
-        """The owners (None: shared) whose scopes have documents, loaded for search.
+    async def _searchable(self, scopes: list[int]) -> list[int]:
+        """The scopes that have documents, loaded for search.
 
         A scope without documents is not opened (users without knowledge never touch the
         vector store) and is checked again next time, with one query for all of them, as
         another process sharing the database and Chroma server may add documents to it.
         """
-        unloaded = [o for o in owners if not self._index.is_loaded(index_scope(o))]
+        unloaded = [s for s in scopes if not self._index.is_loaded(s)]
         if unloaded:
-            with_documents = await self._store.list_owners_with_documents(unloaded)
-            for owner in unloaded:
-                if owner in with_documents:
-                    await self._ensure_scope(index_scope(owner))
-        return [o for o in owners if self._index.is_loaded(index_scope(o))]
+            with_documents = await self._store.list_scopes_with_documents(unloaded)
+            for scope in unloaded:
+                if scope in with_documents:
+                    await self._ensure_scope(scope)
+        return [s for s in scopes if self._index.is_loaded(s)]
 
     async def _ensure_scope(self, scope: int) -> None:
         """Load a scope and reconcile it with SQL, once per process."""
@@ -302,8 +307,7 @@ class KnowledgeBase:
         async with lock:
             if self._index.is_loaded(scope):
                 return
-            owner = None if scope == SHARED_SCOPE else scope
-            sql_ids = await self._store.list_chunk_ids(owner)
+            sql_ids = await self._store.list_chunk_ids(scope)
             result = await asyncio.to_thread(self._index.load, scope)
             extra = result.ids - sql_ids
             missing = sql_ids - result.ids
@@ -327,13 +331,24 @@ class KnowledgeBase:
         batch_size = self._config.embed_batch_size
         while rows := await self._store.list_chunks_after_id(after_id, batch_size, ids):
             vectors = await self._embed([embedding_text(row, row.title) for row in rows])
-            for scope in sorted({index_scope(row.user_pk) for row in rows}):
-                positions = [i for i, row in enumerate(rows) if index_scope(row.user_pk) == scope]
+            for scope in sorted({row.scope for row in rows}):
+                positions = [i for i, row in enumerate(rows) if row.scope == scope]
                 chosen = [rows[i].id for i in positions]
                 await asyncio.to_thread(self._index.add, scope, chosen, vectors[positions])
             num_chunks += len(rows)
             after_id = rows[-1].id
         return num_chunks
+
+    async def drop_scope(self, scope: int) -> None:
+        """Forget a scope's vectors entirely (its rows are already gone)."""
+        async with self._scope_locks.setdefault(scope, asyncio.Lock()):
+            await asyncio.to_thread(self._index.drop, scope)
+
+    async def reindex_scope(self, scope: int) -> int:
+        """Re-embed a scope's chunks from SQL into a fresh scope; returns how many."""
+        await self.drop_scope(scope)
+        await self._ensure_scope(scope)
+        return len(await asyncio.to_thread(self._index.list_ids, scope))
 
     async def rebuild(self) -> int:
         """Drop every knowledge vector and re-embed every stored chunk (`memchat reindex`)."""

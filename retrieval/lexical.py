@@ -122,6 +122,9 @@ class LexicalIndex:
     def reset(self, scope: int) -> None:
         self._scopes[scope] = _Scope()
 
+    def drop(self, scope: int) -> None:
+        self._scopes.pop(scope, None)
+
     def add(
         self,
         scope: int,

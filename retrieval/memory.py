@@ -270,6 +270,33 @@ class TurnMemory:
         for message_id in message_ids:
             self._fingerprints.pop(message_id, None)
 
+    async def forget_user(self, user_pk: int, message_ids: Collection[int]) -> None:
+        """Drop a user's whole scope (vectors on disk included) after their rows are gone."""
+        async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
+            self._index.drop(user_pk)
+            self._lexical.drop(user_pk)
+            self._texts_loaded.discard(user_pk)
+            for message_id in message_ids:
+                self._fingerprints.pop(message_id, None)
+
+    async def reindex_user(self, user_pk: int) -> int:
+        """Re-embed one user's turns with the configured model and rebuild their scope."""
+        async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
+            await self._store.delete_user_embeddings(user_pk)
+            self._index.drop(user_pk)
+            self._lexical.drop(user_pk)
+            self._texts_loaded.discard(user_pk)
+        messages = await self._store.list_user_messages(user_pk)
+        for start in range(0, len(messages), REPAIR_BATCH_SIZE):
+            await self.index_messages(messages[start : start + REPAIR_BATCH_SIZE])
+        await self.ensure_scope(user_pk)
+        self._index.save()
+        return len(messages)
+
+    def scope_sizes(self, user_pk: int) -> tuple[int, int]:
+        """(vectors, lexical documents) of a user's loaded scope; (0, 0) if not loaded."""
+        return len(self._index.list_ids(user_pk)), len(self._lexical.list_ids(user_pk))
+
     async def repair_unembedded(self) -> int:
         """Embed and index messages that were stored without a vector (crash recovery)."""
         num_repaired = 0

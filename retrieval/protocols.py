@@ -100,6 +100,10 @@ class VectorIndex(Protocol):
 
     def drop_all(self) -> None: ...
 
+    def drop(self, scope: int) -> None:
+        """Forget one scope entirely, in memory and in storage (erasing a user)."""
+        ...
+
 
 class Engine(Protocol):
     """An LLM engine: chat generation plus its own tokenizer and context window."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """`key` picks the replica; `tenant` scopes the prefix cache (the user, for now)."""
+    """`key` picks the replica (the user); `tenant` scopes the prefix cache (the tenant)."""
 
     key: str
     tenant: str | None = None

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from storage.db import transaction
 from storage.errors import NotFoundError
 from storage.models import Fact, FactChange, Message, User, utc_now
+from storage.repository import MAX_ID
 
 STATUSES = ("active", "superseded", "deleted")
 
@@ -201,9 +202,6 @@ class FactStore:
                 .having(func.max(Message.id) > User.facts_through_message_id)
             )
             return [int(r[0]) for r in rows.all()]
-
-
-MAX_ID = 2**63 - 1
 
 
 async def _fact_and_user(session: AsyncSession, fact_id: int) -> tuple[Fact, User]:

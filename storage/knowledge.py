@@ -17,18 +17,25 @@ from storage.errors import ConflictError, NotFoundError
 from storage.models import KnowledgeChunk, KnowledgeDocument, User, utc_now
 from storage.repository import Store
 
-SHARED_SCOPE = "shared"
 PROCESSING = "processing"
 READY = "ready"
 FAILED = "failed"
 
 
-def scope_of(user_pk: int | None) -> str:
-    return SHARED_SCOPE if user_pk is None else f"user:{user_pk}"
+def scope_of(tenant_id: int, user_pk: int | None) -> int:
+    """The scope of a document, as one int: a user's pk (>= 1) for that user's own
+    documents, minus the tenant's id for the knowledge its users share."""
+    return -tenant_id if user_pk is None else user_pk
+
+
+def scope_key(scope: int) -> str:
+    """The scope as stored beside content hashes (re-uploads within a scope are found)."""
+    return f"tenant:{-scope}" if scope < 0 else f"user:{scope}"
 
 
 @dataclass(frozen=True, slots=True)
 class NewDocument:
+    tenant_id: int
     user_external_id: str | None
     title: str
     metadata: dict[str, Any]
@@ -52,6 +59,7 @@ class StoredChunk:
 
     id: int
     document_id: str
+    tenant_id: int
     user_pk: int | None
     ordinal: int
     text: str
@@ -59,10 +67,15 @@ class StoredChunk:
     heading_path: str
     title: str
 
+    @property
+    def scope(self) -> int:
+        return scope_of(self.tenant_id, self.user_pk)
+
 
 _CHUNK_COLUMNS = (
     KnowledgeChunk.id,
     KnowledgeChunk.document_id,
+    KnowledgeDocument.tenant_id,
     KnowledgeDocument.user_pk,
     KnowledgeChunk.ordinal,
     KnowledgeChunk.text,
@@ -76,10 +89,10 @@ def _stored(rows: Sequence[Any]) -> list[StoredChunk]:
     return [StoredChunk(*row) for row in rows]
 
 
-def _in_scope(user_pk: int | None) -> Any:
-    if user_pk is None:
-        return KnowledgeDocument.user_pk.is_(None)
-    return KnowledgeDocument.user_pk == user_pk
+def _in_scope(scope: int) -> Any:
+    if scope < 0:
+        return (KnowledgeDocument.user_pk.is_(None)) & (KnowledgeDocument.tenant_id == -scope)
+    return KnowledgeDocument.user_pk == scope
 
 
 class KnowledgeStore(Store):
@@ -102,14 +115,21 @@ class KnowledgeStore(Store):
             user_pk = None
             if new.user_external_id is not None:
                 user = await session.scalar(
-                    select(User).where(User.external_id == new.user_external_id)
+                    select(User).where(
+                        User.tenant_id == new.tenant_id,
+                        User.external_id == new.user_external_id,
+                    )
                 )
                 if user is None:
-                    user = User(external_id=new.user_external_id, created_at=utc_now())
+                    user = User(
+                        tenant_id=new.tenant_id,
+                        external_id=new.user_external_id,
+                        created_at=utc_now(),
+                    )
                     session.add(user)
                     await session.flush()
                 user_pk = user.id
-            scope = scope_of(user_pk)
+            scope = scope_key(scope_of(new.tenant_id, user_pk))
             existing = await session.scalar(
                 select(KnowledgeDocument).where(
                     KnowledgeDocument.scope == scope,
@@ -121,6 +141,7 @@ class KnowledgeStore(Store):
             now = utc_now()
             document = KnowledgeDocument(
                 id=str(uuid.uuid4()),
+                tenant_id=new.tenant_id,
                 user_pk=user_pk,
                 scope=scope,
                 title=new.title,
@@ -154,12 +175,12 @@ class KnowledgeStore(Store):
             raise NotFoundError("document", document_id)
         return row[0], row[1]
 
-    async def list_documents(self, user_pk: int | None) -> list[KnowledgeDocument]:
-        """Documents of one scope (a user's own, or shared when None), oldest first."""
+    async def list_documents(self, scope: int) -> list[KnowledgeDocument]:
+        """Documents of one scope (see `scope_of`), oldest first."""
         async with self._transaction() as session:
             rows = await session.scalars(
                 select(KnowledgeDocument)
-                .where(_in_scope(user_pk))
+                .where(_in_scope(scope))
                 .order_by(KnowledgeDocument.created_at, KnowledgeDocument.id)
             )
             return list(rows.all())
@@ -247,8 +268,8 @@ class KnowledgeStore(Store):
         if result.rowcount == 0:
             raise NotFoundError("document", document_id)
 
-    async def delete_document(self, document_id: str) -> tuple[int | None, list[int]]:
-        """Delete a document and its chunks; returns its owner (None: shared) and chunk ids."""
+    async def delete_document(self, document_id: str) -> tuple[int, list[int]]:
+        """Delete a document and its chunks; returns its scope and chunk ids."""
         async with self._transaction() as session:
             document = await session.get(KnowledgeDocument, document_id)
             if document is None:
@@ -257,22 +278,22 @@ class KnowledgeStore(Store):
                 select(KnowledgeChunk.id).where(KnowledgeChunk.document_id == document_id)
             )
             chunk_ids = [int(i) for i in ids.all()]
-            user_pk = document.user_pk
+            scope = scope_of(document.tenant_id, document.user_pk)
             await session.execute(
                 delete(KnowledgeChunk).where(KnowledgeChunk.document_id == document_id)
             )
             await session.delete(document)
-        return user_pk, chunk_ids
+        return scope, chunk_ids
 
     # Chunks for retrieval and for rebuilding the index --------------------------------
 
     async def list_ready_chunks_by_id(
-        self, user_pks: Collection[int | None], ids: Sequence[int]
+        self, scopes: Collection[int], ids: Sequence[int]
     ) -> list[StoredChunk]:
         """Chunks of ready documents in the given scopes, by id (order not kept)."""
         if not ids:
             return []
-        scopes = or_(*(_in_scope(pk) for pk in user_pks))
+        in_scopes = or_(*(_in_scope(scope) for scope in scopes))
         async with self._transaction() as session:
             rows = await session.execute(
                 select(*_CHUNK_COLUMNS)
@@ -280,28 +301,28 @@ class KnowledgeStore(Store):
                 .where(
                     KnowledgeChunk.id.in_(list(ids)),
                     KnowledgeDocument.status == READY,
-                    scopes,
+                    in_scopes,
                 )
             )
             return _stored(rows.all())
 
-    async def list_owners_with_documents(self, user_pks: Collection[int | None]) -> set[int | None]:
-        """Which of these scopes (a user pk, or None: shared) hold at least one document."""
+    async def list_scopes_with_documents(self, scopes: Collection[int]) -> set[int]:
+        """Which of these scopes hold at least one document."""
         async with self._transaction() as session:
-            rows = await session.scalars(
-                select(KnowledgeDocument.user_pk)
-                .where(or_(*(_in_scope(pk) for pk in user_pks)))
+            rows = await session.execute(
+                select(KnowledgeDocument.tenant_id, KnowledgeDocument.user_pk)
+                .where(or_(*(_in_scope(scope) for scope in scopes)))
                 .distinct()
             )
-            return set(rows.all())
+            return {scope_of(tenant_id, user_pk) for tenant_id, user_pk in rows.all()}
 
-    async def list_chunk_ids(self, user_pk: int | None) -> set[int]:
+    async def list_chunk_ids(self, scope: int) -> set[int]:
         """Ids of every stored chunk of one scope, whatever its document's status."""
         async with self._transaction() as session:
             rows = await session.scalars(
                 select(KnowledgeChunk.id)
                 .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
-                .where(_in_scope(user_pk))
+                .where(_in_scope(scope))
             )
             return {int(i) for i in rows.all()}
 

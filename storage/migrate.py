@@ -28,14 +28,39 @@ def _run(connection: Connection, action: str, revision: str) -> None:
     getattr(command, action)(config, revision)
 
 
+async def _migrate(engine: AsyncEngine, action: str, revision: str) -> None:
+    """Run the migrations in one transaction.
+
+    On SQLite, Alembic changes a table by copying it and dropping the old one; with foreign
+    keys on, that drop would cascade into every referencing row (dropping `users` deletes
+    all messages). SQLite ignores the pragma inside a transaction, so it is switched off
+    before the first statement and on again after, and the references are checked before
+    the commit.
+    """
+    sqlite = engine.dialect.name == "sqlite"
+    async with engine.connect() as connection:
+        if sqlite:
+            await connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        try:
+            await connection.run_sync(_run, action, revision)
+            if sqlite:
+                broken = (await connection.exec_driver_sql("PRAGMA foreign_key_check")).all()
+                if broken:
+                    raise RuntimeError(f"migration left dangling references: {broken[:5]}")
+            await connection.commit()
+        finally:
+            if sqlite:
+                await connection.rollback()
+                await connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                await connection.commit()
+
+
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    async with engine.begin() as connection:
-        await connection.run_sync(_run, "upgrade", revision)
+    await _migrate(engine, "upgrade", revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
-    async with engine.begin() as connection:
-        await connection.run_sync(_run, "downgrade", revision)
+    await _migrate(engine, "downgrade", revision)
 
 
 def _current(connection: Connection) -> str | None:

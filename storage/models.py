@@ -42,13 +42,71 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-class User(Base):
-    """A user of the client application, known by the client's own id string."""
+DEFAULT_TENANT_ID = 1
 
-    __tablename__ = "users"
+
+class Tenant(Base):
+    """An isolated customer of the service: its users and their data are invisible to others.
+
+    The migrations create tenant 1, `default`: every request of local mode (no API keys)
+    runs in it, and data stored before tenants existed belongs to it.
+    """
+
+    __tablename__ = "tenants"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    external_id: Mapped[str] = mapped_column(String(255), unique=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
+class ApiKey(Base):
+    """An API key of a tenant. Only the SHA-256 of the secret is stored (the secret is
+    random, 256 bits, so a fast hash is enough); `prefix` identifies it in listings."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(255))
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    # None: the service's default (MEMCHAT_ACCESS__REQUESTS_PER_MINUTE).
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class AuditEntry(Base):
+    """One change made through the admin API: who (the key), what, on what, when."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    actor: Mapped[str] = mapped_column(String(300))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(300))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class User(Base):
+    """A user of the client application, known by the client's own id string, which is
+    unique within its tenant (two tenants may both have a user `alice`)."""
+
+    __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("tenant_id", "external_id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(
+        BigId,
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        default=DEFAULT_TENANT_ID,
+        server_default=str(DEFAULT_TENANT_ID),
+    )
+    external_id: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     # Key facts are extracted from this user's messages up to this id (see FactWorker).
     facts_through_message_id: Mapped[int] = mapped_column(BigId, default=0, server_default="0")
@@ -192,17 +250,25 @@ class SessionSummary(Base):
 
 
 class KnowledgeDocument(Base):
-    """A document of the knowledge base: shared (no user) or one user's own.
+    """A document of the knowledge base: shared by a tenant's users (no user) or one user's own.
 
-    `scope` is "shared" or "user:<user pk>": with `content_hash` it makes re-uploads of the
-    same text in the same scope find the stored document instead of adding a copy. The full
-    text is kept so that processing interrupted by a restart can resume from SQL alone.
+    `scope` is "tenant:<tenant id>" or "user:<user pk>": with `content_hash` it makes
+    re-uploads of the same text in the same scope find the stored document instead of
+    adding a copy. The full text is kept so that processing interrupted by a restart can
+    resume from SQL alone.
     """
 
     __tablename__ = "knowledge_documents"
     __table_args__ = (UniqueConstraint("scope", "content_hash"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(
+        BigId,
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        default=DEFAULT_TENANT_ID,
+        server_default=str(DEFAULT_TENANT_ID),
+        index=True,
+    )
     user_pk: Mapped[int | None] = mapped_column(
         BigId, ForeignKey("users.id", ondelete="CASCADE"), nullable=True, index=True
     )

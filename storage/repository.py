@@ -16,6 +16,9 @@ from storage.db import transaction
 from storage.errors import NotFoundError
 from storage.models import ChatSession, Message, MessageEmbedding, User, utc_now
 
+# The largest id a BigInteger column holds.
+MAX_ID = 2**63 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class NewMessage:
@@ -74,26 +77,37 @@ class Store:
 
     # Users and sessions -------------------------------------------------------------
 
-    async def get_user_or_none(self, external_id: str) -> User | None:
-        async with self._transaction() as session:
-            return await _user_by_external_id(session, external_id)
+    # A user is known by the client's id within a tenant: every lookup names the tenant.
 
-    async def get_user(self, external_id: str) -> User:
-        user = await self.get_user_or_none(external_id)
+    async def get_user_or_none(self, external_id: str, *, tenant_id: int) -> User | None:
+        async with self._transaction() as session:
+            return await _user_by_external_id(session, tenant_id, external_id)
+
+    async def get_user(self, external_id: str, *, tenant_id: int) -> User:
+        user = await self.get_user_or_none(external_id, tenant_id=tenant_id)
         if user is None:
             raise NotFoundError("user", external_id)
         return user
 
-    async def ensure_user(self, external_id: str) -> User:
+    async def get_user_by_pk(self, user_pk: int) -> User:
+        if not 1 <= user_pk <= MAX_ID:  # no such row can exist; the driver would overflow
+            raise NotFoundError("user", user_pk)
+        async with self._transaction() as session:
+            user = await session.get(User, user_pk)
+        if user is None:
+            raise NotFoundError("user", user_pk)
+        return user
+
+    async def ensure_user(self, external_id: str, *, tenant_id: int) -> User:
         """The user, created if unknown (a client may state facts before any session)."""
         async with self._transaction() as session:
-            return await _get_or_add_user(session, external_id)
+            return await _get_or_add_user(session, tenant_id, external_id)
 
     async def create_session(
-        self, user_external_id: str, title: str | None, metadata: dict[str, Any]
+        self, user_external_id: str, title: str | None, metadata: dict[str, Any], *, tenant_id: int
     ) -> tuple[ChatSession, User]:
         async with self._transaction() as session:
-            user = await _get_or_add_user(session, user_external_id)
+            user = await _get_or_add_user(session, tenant_id, user_external_id)
             chat = ChatSession(
                 id=str(uuid.uuid4()),
                 user_pk=user.id,
@@ -108,7 +122,9 @@ class Store:
         async with self._transaction() as session:
             return await _session_and_user(session, session_id)
 
-    async def list_sessions(self, user_external_id: str) -> list[tuple[ChatSession, int]]:
+    async def list_sessions(
+        self, user_external_id: str, *, tenant_id: int
+    ) -> list[tuple[ChatSession, int]]:
         """Sessions of a user, oldest first, each with its number of messages."""
         counts = (
             select(Message.session_id, func.count(Message.id).label("n"))
@@ -120,7 +136,7 @@ class Store:
                 select(ChatSession, func.coalesce(counts.c.n, 0))
                 .join(User, User.id == ChatSession.user_pk)
                 .outerjoin(counts, counts.c.session_id == ChatSession.id)
-                .where(User.external_id == user_external_id)
+                .where(User.tenant_id == tenant_id, User.external_id == user_external_id)
                 .order_by(ChatSession.created_at, ChatSession.id)
             )
             return [(chat, int(n)) for chat, n in rows.all()]
@@ -154,7 +170,7 @@ class Store:
             return ids
 
     async def list_user_sessions(
-        self, user_external_id: str
+        self, user_external_id: str, *, tenant_id: int
     ) -> list[tuple[ChatSession, list[Message]]]:
         """Every session of a user with all its messages, both in order (for export)."""
         async with self._transaction() as session:
@@ -162,7 +178,7 @@ class Store:
                 await session.scalars(
                     select(ChatSession)
                     .join(User, User.id == ChatSession.user_pk)
-                    .where(User.external_id == user_external_id)
+                    .where(User.tenant_id == tenant_id, User.external_id == user_external_id)
                     .order_by(ChatSession.created_at, ChatSession.id)
                 )
             ).all()
@@ -179,12 +195,14 @@ class Store:
         user_external_id: str,
         chat: ChatSession,
         messages: Sequence[RestoredMessage],
+        *,
+        tenant_id: int,
     ) -> list[Message] | None:
         """Recreate an exported session as it was; None (and no change) if its id exists."""
         async with self._transaction() as session:
             if await session.get(ChatSession, chat.id) is not None:
                 return None
-            user = await _get_or_add_user(session, user_external_id)
+            user = await _get_or_add_user(session, tenant_id, user_external_id)
             chat.user_pk = user.id
             session.add(chat)
             rows = [
@@ -382,6 +400,12 @@ class Store:
             )
             return list(rows.all())
 
+    async def delete_user_embeddings(self, user_pk: int) -> None:
+        async with self._transaction() as session:
+            await session.execute(
+                delete(MessageEmbedding).where(MessageEmbedding.user_pk == user_pk)
+            )
+
     async def delete_all_embeddings(self) -> None:
         async with self._transaction() as session:
             await session.execute(delete(MessageEmbedding))
@@ -400,14 +424,18 @@ async def _session_and_user(session: AsyncSession, session_id: str) -> tuple[Cha
     return row[0], row[1]
 
 
-async def _user_by_external_id(session: AsyncSession, external_id: str) -> User | None:
-    return await session.scalar(select(User).where(User.external_id == external_id))
+async def _user_by_external_id(
+    session: AsyncSession, tenant_id: int, external_id: str
+) -> User | None:
+    return await session.scalar(
+        select(User).where(User.tenant_id == tenant_id, User.external_id == external_id)
+    )
 
 
-async def _get_or_add_user(session: AsyncSession, external_id: str) -> User:
-    user = await _user_by_external_id(session, external_id)
+async def _get_or_add_user(session: AsyncSession, tenant_id: int, external_id: str) -> User:
+    user = await _user_by_external_id(session, tenant_id, external_id)
     if user is None:
-        user = User(external_id=external_id, created_at=utc_now())
+        user = User(tenant_id=tenant_id, external_id=external_id, created_at=utc_now())
         session.add(user)
         await session.flush()
     return user

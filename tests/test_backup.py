@@ -14,6 +14,7 @@ from retrieval.indexes.faiss import FaissIndex
 from retrieval.memory import TurnMemory
 from storage import migrate
 from storage.db import create_engine, create_sessionmaker
+from storage.models import DEFAULT_TENANT_ID
 from storage.repository import Store
 from tests.fakes import HashEmbedder
 from tests.live import MEMCHAT, cli_env
@@ -46,7 +47,7 @@ async def test_round_trip_between_databases_is_byte_identical(
 ) -> None:
     await fill(client)
     source, source_engine = await open_store(settings.resolved_database_url())
-    exported = b"".join(await export_user(source, "alice"))
+    exported = b"".join(await export_user(source, "alice", DEFAULT_TENANT_ID))
     await source_engine.dispose()
     lines = exported.splitlines(keepends=True)
     assert len(lines) == 1 + 2 + 3 + 2  # header, 2 sessions, their 5 messages
@@ -55,16 +56,16 @@ async def test_round_trip_between_databases_is_byte_identical(
     target, target_engine = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}")
     embedder = HashEmbedder()
     memory = TurnMemory(target, embedder, FaissIndex(tmp_path / "index", embedder.dimension))
-    assert await import_user(target, memory, lines) == (2, 5, 0)
-    assert b"".join(await export_user(target, "alice")) == exported
+    assert await import_user(target, memory, lines, DEFAULT_TENANT_ID) == (2, 5, 0)
+    assert b"".join(await export_user(target, "alice", DEFAULT_TENANT_ID)) == exported
     # Imported turns are searchable in the target, and a second import changes nothing.
-    user = await target.get_user("alice")
+    user = await target.get_user("alice", tenant_id=DEFAULT_TENANT_ID)
     vector = (await memory.embed(["小明 6岁"]))[0]
     hits = await memory.search(user.id, vector, 1)
     [row] = await target.list_messages_by_id(user.id, [hits[0].id])
     assert row.content == "我叫小明，我今年6岁了"
-    assert await import_user(target, memory, lines) == (0, 0, 2)
-    assert b"".join(await export_user(target, "alice")) == exported
+    assert await import_user(target, memory, lines, DEFAULT_TENANT_ID) == (0, 0, 2)
+    assert b"".join(await export_user(target, "alice", DEFAULT_TENANT_ID)) == exported
     await target_engine.dispose()
 
 
@@ -83,7 +84,7 @@ async def test_malformed_exports_are_refused(
     embedder = HashEmbedder()
     memory = TurnMemory(store, embedder, FaissIndex(tmp_path / "index", embedder.dimension))
     with pytest.raises(BackupFormatError):
-        await import_user(store, memory, content.splitlines(keepends=True))
+        await import_user(store, memory, content.splitlines(keepends=True), DEFAULT_TENANT_ID)
     assert await store.list_user_pks() == []
     await engine.dispose()
 

@@ -97,3 +97,31 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
     assert result.stdout.strip() == (
         "re-embedded and indexed 6 messages and 0 knowledge chunks with all-MiniLM-L6-v2"
     )
+
+
+def test_keys_create_list_revoke_and_serve_refuses_open_address_without_keys(
+    tmp_path: Path,
+) -> None:
+    def memchat(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*MEMCHAT, *args], env=cli_env(tmp_path), capture_output=True, text=True, timeout=120
+        )
+
+    refused = memchat("serve", "--host", "0.0.0.0")
+    assert refused.returncode == 2
+    assert "refusing to serve on '0.0.0.0' without API keys" in refused.stderr
+
+    created = memchat("keys", "create", "--tenant", "acme", "--admin", "--name", "ops")
+    assert created.returncode == 0, created.stderr
+    secret = created.stdout.strip()
+    assert secret.startswith("mck_") and len(secret) > 40
+    assert "created admin key 1 ('ops') of tenant 'acme'" in created.stderr
+    listed = memchat("keys", "list").stdout.splitlines()
+    assert listed[1].split()[:6] == ["1", "acme", "ops", secret[:12], "yes", "-"]
+    assert listed[1].endswith("active")
+    assert memchat("keys", "revoke", "1").stdout.strip() == "revoked key 1 ('ops')"
+    assert "revoked" in memchat("keys", "list").stdout.splitlines()[1]
+    missing = memchat("keys", "revoke", "9")
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines()[-1] == "memchat keys revoke: no key with id 9"
+    assert memchat("keys", "create", "--tenant", "no spaces").returncode == 2

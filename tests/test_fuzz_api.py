@@ -17,24 +17,31 @@ import pytest
 from app.factory import create_app
 from app.settings import Settings
 from storage import migrate
-from storage.db import create_engine
+from storage.access import AccessStore
+from storage.db import create_engine, create_sessionmaker
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import live_server
 
 MAX_EXAMPLES = 40
 
 
-async def _migrate(url: str) -> None:
+async def _migrate_with_key(url: str) -> str:
+    """The migrated database and an admin key: every operation, /admin too, is reachable,
+    and schemathesis checks that requests without it or with a wrong one are refused."""
     engine = create_engine(url)
     await migrate.upgrade(engine)
+    _key, secret = await AccessStore(create_sessionmaker(engine)).create_key(
+        "fuzz", "fuzz", is_admin=True, requests_per_minute=0
+    )
     await engine.dispose()
+    return secret
 
 
 @pytest.fixture(scope="module")
-def fuzz_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def fuzz_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     data_dir: Path = tmp_path_factory.mktemp("fuzz")
     url = f"sqlite+aiosqlite:///{data_dir / 'memchat.db'}"
-    asyncio.run(_migrate(url))
+    secret = asyncio.run(_migrate_with_key(url))
     app = create_app(
         Settings(data_dir=data_dir, database_url=url),
         embedder=HashEmbedder(),
@@ -42,10 +49,11 @@ def fuzz_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         engine=ScriptedEngine(["A short reply."], context_window=1_000_000),
     )
     with live_server(app) as base:
-        yield base
+        yield base, secret
 
 
-def test_api_conforms_to_its_schema(fuzz_url: str) -> None:
+def test_api_conforms_to_its_schema(fuzz_url: tuple[str, str]) -> None:
+    base, secret = fuzz_url
     # The schemathesis CLI, not its pytest plugin: it runs every phase (examples,
     # coverage of boundaries and negative inputs, fuzzing, stateful links) with all checks.
     result = subprocess.run(
@@ -54,7 +62,9 @@ def test_api_conforms_to_its_schema(fuzz_url: str) -> None:
             "--config-file",
             str(Path(__file__).parent / "schemathesis.toml"),
             "run",
-            f"{fuzz_url}/schema/openapi.json",
+            f"{base}/schema/openapi.json",
+            "--header",
+            f"Authorization: Bearer {secret}",
             "--checks",
             "all",
             "--max-examples",

@@ -16,6 +16,7 @@ from retrieval.indexes.faiss import FaissIndex
 from retrieval.memory import RetrievalConfig, TurnMemory
 from retrieval.turn_text import TextRecipe
 from storage.db import create_engine, create_sessionmaker
+from storage.models import DEFAULT_TENANT_ID
 from storage.repository import NewMessage, Store
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history, search
@@ -38,7 +39,7 @@ def memory_for(store: Store, directory: Path, config: RetrievalConfig = HYBRID) 
 
 
 async def add_turns(store: Store, memory: TurnMemory, turns: list[tuple[str, str]]) -> list[int]:
-    chat, _user = await store.create_session("alice", None, {})
+    chat, _user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
     result = await store.add_messages(
         chat,
         [NewMessage(role="user", name=name, content=text, token_count=1) for name, text in turns],
@@ -53,7 +54,7 @@ async def ranked(memory: TurnMemory, user_pk: int, query: str, k: int = 10) -> l
 
 
 async def user_pk_of(store: Store) -> int:
-    return (await store.get_user("alice")).id
+    return (await store.get_user("alice", tenant_id=DEFAULT_TENANT_ID)).id
 
 
 async def test_lexical_index_is_rebuilt_from_sql_and_follows_deletes(
@@ -69,7 +70,7 @@ async def test_lexical_index_is_rebuilt_from_sql_and_follows_deletes(
     fresh = memory_for(store, tmp_path / "i", lexical)
     assert await ranked(fresh, user_pk, "花生") == [first[0], second[0]]
     assert await ranked(fresh, user_pk, "天气") == [first[1]]
-    session_id = (await store.list_sessions("alice"))[0][0].id
+    session_id = (await store.list_sessions("alice", tenant_id=DEFAULT_TENANT_ID))[0][0].id
     await fresh.forget(user_pk, await store.delete_session(session_id))
     assert await ranked(fresh, user_pk, "花生") == [second[0]]
     assert await ranked(fresh, user_pk, "天气") == []
@@ -102,7 +103,7 @@ async def test_contextual_text_finds_a_turn_by_its_neighbour_and_caption(
 ) -> None:
     config = RetrievalConfig(mode="lexical", lexical_text=CONTEXTUAL, duplicate_threshold=2.0)
     memory = memory_for(store, tmp_path / "c", config)
-    chat, _user = await store.create_session("alice", None, {})
+    chat, _user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
     result = await store.add_messages(
         chat,
         [

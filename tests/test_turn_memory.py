@@ -11,6 +11,7 @@ from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.memory import TurnMemory
 from storage.db import create_engine, create_sessionmaker
+from storage.models import DEFAULT_TENANT_ID
 from storage.repository import NewMessage, Store
 from tests.fakes import HashEmbedder
 
@@ -28,7 +29,7 @@ def memory_for(store: Store, directory: Path, embedder: HashEmbedder | None = No
 
 
 async def add_turns(store: Store, memory: TurnMemory, texts: list[str]) -> tuple[int, list[int]]:
-    chat, user = await store.create_session("alice", None, {})
+    chat, user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
     result = await store.add_messages(
         chat, [NewMessage(role="user", content=t, token_count=len(t.split())) for t in texts]
     )
@@ -69,12 +70,14 @@ async def test_stale_index_gets_missing_turns_and_loses_deleted_ones(
     memory = memory_for(store, tmp_path / "c")
     user_pk, _ids = await add_turns(store, memory, TEXTS[:2])
     memory.save()
-    chat, _ = await store.create_session("alice", None, {})
+    chat, _ = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
     later = await store.add_messages(
         chat, [NewMessage(role="user", content=TEXTS[2], token_count=5)]
     )
     await memory.index_messages(later.messages)  # indexed in SQL and in memory, never saved
-    await store.delete_session((await store.list_sessions("alice"))[0][0].id)  # drops ids[0:2]
+    await store.delete_session(
+        (await store.list_sessions("alice", tenant_id=DEFAULT_TENANT_ID))[0][0].id
+    )  # drops ids[0:2]
 
     fresh = memory_for(store, tmp_path / "c")
     assert await top_ids(fresh, user_pk, "anything", k=10) == [later.messages[0].id]
@@ -102,7 +105,7 @@ async def test_reindex_re_embeds_with_the_new_model(store: Store, tmp_path: Path
 
 async def test_unembedded_messages_are_repaired(store: Store, tmp_path: Path) -> None:
     memory = memory_for(store, tmp_path / "f")
-    chat, user = await store.create_session("alice", None, {})
+    chat, user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
     # Stored but never embedded, as after a crash between the two writes.
     result = await store.add_messages(
         chat, [NewMessage(role="user", content=TEXTS[0], token_count=5)]

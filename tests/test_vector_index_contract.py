@@ -138,3 +138,19 @@ def test_reset_and_drop_all(index: VectorIndex) -> None:
     index.drop_all()
     assert index.list_ids(2) == set()
     assert index.search(2, unit(1, 0, 0), k=3) == []
+
+
+def test_drop_forgets_one_scope_in_memory_and_in_storage(
+    index: VectorIndex, make_index: Factory
+) -> None:
+    index.add(-3, [30], unit(0, 1, 0)[None, :])
+    index.save()
+    index.drop(1)
+    index.drop(-3)
+    assert not index.is_loaded(1)
+    assert index.list_ids(2) == {10, 20}
+    index.save()
+    reloaded = make_index(3)
+    assert reloaded.load(1).status == "missing"
+    assert reloaded.load(-3).status == "missing"
+    assert reloaded.load(2).ids == {10, 20}

@@ -10,9 +10,11 @@ from litestar.params import FromPath, Parameter, QueryParameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from app import schemas
+from app.access import Principal
 from app.convert import fact_body
 from app.routes.body import strict_body
 from app.routes.problems import problems
+from app.routes.scope import check_fact
 from retrieval.facts.service import FactMemory
 from storage.facts import STATUSES
 from storage.repository import Store
@@ -31,12 +33,13 @@ class FactController(Controller):
         user_id: UserIdPath,
         store: NamedDependency[Store],
         fact_memory: NamedDependency[FactMemory],
+        principal: NamedDependency[Principal],
         include: Annotated[Literal["history"] | None, QueryParameter()] = None,
         status: Annotated[Literal["active", "superseded", "deleted", "all"], QueryParameter()] = (
             "active"
         ),
     ) -> schemas.FactList:
-        user = await store.get_user(user_id)
+        user = await store.get_user(user_id, tenant_id=principal.tenant_id)
         statuses = STATUSES if status == "all" else (status,)
         with_history = include == "history"
         facts, history = await fact_memory.list_facts(user.id, statuses, with_history=with_history)
@@ -58,9 +61,10 @@ class FactController(Controller):
         request: Request[Any, Any, Any],
         store: NamedDependency[Store],
         fact_memory: NamedDependency[FactMemory],
+        principal: NamedDependency[Principal],
     ) -> schemas.Fact:
         data = await strict_body(request, schemas.FactCreate)
-        user = await store.ensure_user(user_id)
+        user = await store.ensure_user(user_id, tenant_id=principal.tenant_id)
         fact = await fact_memory.add_fact(
             user.id,
             data.text,
@@ -78,7 +82,9 @@ class FactController(Controller):
         fact_id: FactIdPath,
         request: Request[Any, Any, Any],
         fact_memory: NamedDependency[FactMemory],
+        principal: NamedDependency[Principal],
     ) -> schemas.Fact:
+        check_fact(principal, *await fact_memory.store.get_fact(fact_id))
         data = await strict_body(request, schemas.FactUpdate)
         fact = await fact_memory.update_fact(
             fact_id, text=data.text, is_pinned=data.pinned, priority=data.priority, actor=API_ACTOR
@@ -90,6 +96,10 @@ class FactController(Controller):
         "/v1/facts/{fact_id:int}", status_code=HTTP_204_NO_CONTENT, responses=problems(404, 503)
     )
     async def delete_fact(
-        self, fact_id: FactIdPath, fact_memory: NamedDependency[FactMemory]
+        self,
+        fact_id: FactIdPath,
+        fact_memory: NamedDependency[FactMemory],
+        principal: NamedDependency[Principal],
     ) -> None:
+        check_fact(principal, *await fact_memory.store.get_fact(fact_id))
         await fact_memory.delete_fact(fact_id, API_ACTOR)

@@ -20,6 +20,7 @@ from litestar.params import FromPath, QueryParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_202_ACCEPTED
 
 from app import schemas
+from app.access import Principal
 from app.convert import document_body
 from app.errors import BadBodyError
 from app.routes.body import convert_strict, strict_body
@@ -27,7 +28,9 @@ from app.routes.problems import problems
 from retrieval.documents import read_upload
 from retrieval.errors import InvalidInputError, UnsupportedDocumentError
 from retrieval.knowledge import KnowledgeBase, Upload
-from storage.knowledge import PROCESSING
+from storage.errors import NotFoundError
+from storage.knowledge import PROCESSING, scope_of
+from storage.models import KnowledgeDocument
 
 FORM_FIELDS = frozenset({"file", "title", "user_id", "metadata"})
 
@@ -53,13 +56,16 @@ class KnowledgeController(Controller):
         },
     )
     async def add_document(
-        self, request: Request[Any, Any, Any], knowledge: NamedDependency[KnowledgeBase]
+        self,
+        request: Request[Any, Any, Any],
+        knowledge: NamedDependency[KnowledgeBase],
+        principal: NamedDependency[Principal],
     ) -> Response[schemas.KnowledgeDocument]:
         media_type = request.content_type[0]
         if media_type == "application/json":
-            upload = await _json_upload(request)
+            upload = await _json_upload(request, principal.tenant_id)
         elif media_type == "multipart/form-data":
-            upload = await _file_upload(request, knowledge.max_upload_bytes)
+            upload = await _file_upload(request, knowledge.max_upload_bytes, principal.tenant_id)
         else:
             raise UnsupportedDocumentError(
                 "body", "send application/json or multipart/form-data (a file in `file`)"
@@ -74,36 +80,54 @@ class KnowledgeController(Controller):
     async def list_documents(
         self,
         knowledge: NamedDependency[KnowledgeBase],
+        principal: NamedDependency[Principal],
         user_id: Annotated[str | None, QueryParameter(min_length=1, max_length=255)] = None,
     ) -> schemas.KnowledgeDocumentList:
         """A user's own documents, or the shared ones when `user_id` is absent."""
         user_pk = None
         if user_id is not None:
-            user = await knowledge.store.get_user_or_none(user_id)
+            user = await knowledge.store.get_user_or_none(user_id, tenant_id=principal.tenant_id)
             if user is None:
                 return schemas.KnowledgeDocumentList(documents=[])
             user_pk = user.id
-        rows = await knowledge.store.list_documents(user_pk)
+        rows = await knowledge.store.list_documents(scope_of(principal.tenant_id, user_pk))
         return schemas.KnowledgeDocumentList(documents=[document_body(d, user_id) for d in rows])
 
     @get("/{document_id:str}", responses=problems(404, 503))
     async def get_document(
-        self, document_id: FromPath[str], knowledge: NamedDependency[KnowledgeBase]
+        self,
+        document_id: FromPath[str],
+        knowledge: NamedDependency[KnowledgeBase],
+        principal: NamedDependency[Principal],
     ) -> schemas.KnowledgeDocument:
-        document, owner = await knowledge.store.get_document(document_id)
+        document, owner = await _document_of(knowledge, principal, document_id)
         return document_body(document, owner)
 
     @delete("/{document_id:str}", responses=problems(404, 503))
     async def delete_document(
-        self, document_id: FromPath[str], knowledge: NamedDependency[KnowledgeBase]
+        self,
+        document_id: FromPath[str],
+        knowledge: NamedDependency[KnowledgeBase],
+        principal: NamedDependency[Principal],
     ) -> None:
         """Removes the document, its chunks and their vectors."""
+        await _document_of(knowledge, principal, document_id)
         await knowledge.delete(document_id)
 
 
-async def _json_upload(request: Request[Any, Any, Any]) -> Upload:
+async def _document_of(
+    knowledge: KnowledgeBase, principal: Principal, document_id: str
+) -> tuple[KnowledgeDocument, str | None]:
+    """The document, if it is the caller's tenant's; another's is as missing as none."""
+    document, owner = await knowledge.store.get_document(document_id)
+    if document.tenant_id != principal.tenant_id:
+        raise NotFoundError("document", document_id)
+    return document, owner
+
+
+async def _json_upload(request: Request[Any, Any, Any], tenant_id: int) -> Upload:
     data = await strict_body(request, schemas.KnowledgeCreate)
-    return Upload(data.user_id, data.title, data.text, dict(data.metadata), "text")
+    return Upload(tenant_id, data.user_id, data.title, data.text, dict(data.metadata), "text")
 
 
 class _FormFields(msgspec.Struct, forbid_unknown_fields=True):
@@ -112,7 +136,7 @@ class _FormFields(msgspec.Struct, forbid_unknown_fields=True):
     metadata: dict[str, Any] = {}
 
 
-async def _file_upload(request: Request[Any, Any, Any], max_bytes: int) -> Upload:
+async def _file_upload(request: Request[Any, Any, Any], max_bytes: int, tenant_id: int) -> Upload:
     form = await request.form()
     unknown = sorted(set(form.keys()) - FORM_FIELDS)
     if unknown:
@@ -127,7 +151,9 @@ async def _file_upload(request: Request[Any, Any, Any], max_bytes: int) -> Uploa
     data = await file.read()
     source, text = read_upload(file.filename, data, max_bytes)
     title = fields.title or PurePath(file.filename).stem or file.filename
-    return Upload(fields.user_id, title[:500], text, fields.metadata, source, file.filename)
+    return Upload(
+        tenant_id, fields.user_id, title[:500], text, fields.metadata, source, file.filename
+    )
 
 
 def _text_fields(form: Any) -> _FormFields:

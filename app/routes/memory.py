@@ -9,9 +9,11 @@ from litestar.di import NamedDependency
 from litestar.status_codes import HTTP_200_OK
 
 from app import schemas
+from app.access import Principal
 from app.convert import search_result_body
 from app.routes.body import strict_body
 from app.routes.problems import problems
+from app.routes.scope import session_of
 from retrieval.chat import ChatService
 from storage.errors import NotFoundError
 from storage.repository import Store
@@ -27,13 +29,14 @@ class MemoryController(Controller):
         request: Request[Any, Any, Any],
         store: NamedDependency[Store],
         chat_service: NamedDependency[ChatService],
+        principal: NamedDependency[Principal],
     ) -> schemas.SearchResponse:
         """Past turns (`kind: turn`, the default) and key facts (`kind: fact`) of one user,
         ranked together by similarity to the query."""
         data = await strict_body(request, schemas.SearchRequest)
-        user = await store.get_user(data.user_id)
+        user = await store.get_user(data.user_id, tenant_id=principal.tenant_id)
         if data.session_id is not None:
-            _chat, owner = await store.get_session(data.session_id)
+            _chat, owner = await session_of(store, principal, data.session_id)
             if owner.id != user.id:
                 # Another user's session is as unknown to this user as a missing one.
                 raise NotFoundError("session", data.session_id)

@@ -14,17 +14,18 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from app import schemas
-from app.convert import message_body, report_body, session_body, turn_body
+from app.access import Principal
+from app.convert import message_body, report_body, session_body, summary_body, turn_body
 from app.errors import problem_body
 from app.routes.body import strict_body
 from app.routes.problems import problems
+from app.routes.scope import session_of
 from retrieval.chat import (
     ChatService,
     ImportedMessage,
     StoredTurn,
     TurnEvent,
     TurnResult,
-    as_utc,
 )
 from retrieval.errors import EngineError
 from retrieval.protocols import SamplingParams, TextDelta
@@ -54,35 +55,49 @@ class SessionController(Controller):
 
     @post("/", status_code=HTTP_201_CREATED, responses=problems(400, 413, 422, 503))
     async def create_session(
-        self, request: Request[Any, Any, Any], store: NamedDependency[Store]
+        self,
+        request: Request[Any, Any, Any],
+        store: NamedDependency[Store],
+        principal: NamedDependency[Principal],
     ) -> schemas.Session:
         data = await strict_body(request, schemas.SessionCreate)
-        chat, user = await store.create_session(data.user_id, data.title, dict(data.metadata))
+        chat, user = await store.create_session(
+            data.user_id, data.title, dict(data.metadata), tenant_id=principal.tenant_id
+        )
         return session_body(chat, user, 0)
 
     @get("/", responses=problems(400, 422, 503))
     async def list_sessions(
         self,
         store: NamedDependency[Store],
+        principal: NamedDependency[Principal],
         user_id: Annotated[str, QueryParameter(min_length=1, max_length=255)],
     ) -> schemas.SessionList:
-        user = await store.get_user_or_none(user_id)
+        user = await store.get_user_or_none(user_id, tenant_id=principal.tenant_id)
         if user is None:
             return schemas.SessionList(sessions=[])
-        rows = await store.list_sessions(user_id)
+        rows = await store.list_sessions(user_id, tenant_id=principal.tenant_id)
         return schemas.SessionList(sessions=[session_body(c, user, n) for c, n in rows])
 
     @get("/{session_id:str}", responses=problems(404, 503))
     async def get_session(
-        self, session_id: FromPath[str], store: NamedDependency[Store]
+        self,
+        session_id: FromPath[str],
+        store: NamedDependency[Store],
+        principal: NamedDependency[Principal],
     ) -> schemas.Session:
-        chat, user = await store.get_session(session_id)
+        chat, user = await session_of(store, principal, session_id)
         return session_body(chat, user, await store.count_messages(session_id))
 
     @delete("/{session_id:str}", status_code=HTTP_204_NO_CONTENT, responses=problems(404, 503))
     async def delete_session(
-        self, session_id: FromPath[str], chat_service: NamedDependency[ChatService]
+        self,
+        session_id: FromPath[str],
+        store: NamedDependency[Store],
+        chat_service: NamedDependency[ChatService],
+        principal: NamedDependency[Principal],
     ) -> None:
+        await session_of(store, principal, session_id)
         await chat_service.delete_session(session_id)
 
     @get("/{session_id:str}/summaries", responses=problems(404, 503))
@@ -91,34 +106,23 @@ class SessionController(Controller):
         session_id: FromPath[str],
         store: NamedDependency[Store],
         chat_service: NamedDependency[ChatService],
+        principal: NamedDependency[Principal],
     ) -> schemas.SummaryList:
         """Every version of the session's rolling summary, oldest first; the last is current."""
-        await store.get_session(session_id)
+        await session_of(store, principal, session_id)
         rows = await chat_service.list_summaries(session_id)
-        return schemas.SummaryList(
-            summaries=[
-                schemas.Summary(
-                    version=r.version,
-                    through_seq=r.through_seq,
-                    pruned_seqs=list(r.pruned_seqs),
-                    text=r.text,
-                    summarizer=r.summarizer,
-                    token_count=r.token_count,
-                    created_at=as_utc(r.created_at),
-                )
-                for r in rows
-            ]
-        )
+        return schemas.SummaryList(summaries=[summary_body(r) for r in rows])
 
     @get("/{session_id:str}/messages", responses=problems(400, 404, 422, 503))
     async def list_messages(
         self,
         session_id: FromPath[str],
         store: NamedDependency[Store],
+        principal: NamedDependency[Principal],
         after_seq: Annotated[int, QueryParameter(ge=0, le=2**31 - 1)] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> schemas.MessageList:
-        await store.get_session(session_id)
+        await session_of(store, principal, session_id)
         rows = await store.list_messages(session_id, limit=limit, after_seq=after_seq)
         return schemas.MessageList(messages=[message_body(StoredTurn.from_row(r)) for r in rows])
 
@@ -140,7 +144,10 @@ class SessionController(Controller):
         request: Request[Any, Any, Any],
         chat_service: NamedDependency[ChatService],
         sampling: NamedDependency[SamplingDefaults],
+        store: NamedDependency[Store],
+        principal: NamedDependency[Principal],
     ) -> Response[schemas.Turn] | ServerSentEvent:
+        await session_of(store, principal, session_id)
         data = await strict_body(request, schemas.MessageCreate)
         params = sampling.params_for(data)
         if not data.stream:
@@ -161,7 +168,10 @@ class SessionController(Controller):
         session_id: FromPath[str],
         request: Request[Any, Any, Any],
         chat_service: NamedDependency[ChatService],
+        store: NamedDependency[Store],
+        principal: NamedDependency[Principal],
     ) -> schemas.HistoryImported:
+        await session_of(store, principal, session_id)
         data = await strict_body(request, schemas.HistoryImport)
         imported, skipped = await chat_service.import_history(
             session_id,
@@ -190,7 +200,10 @@ class SessionController(Controller):
         request: Request[Any, Any, Any],
         chat_service: NamedDependency[ChatService],
         sampling: NamedDependency[SamplingDefaults],
+        store: NamedDependency[Store],
+        principal: NamedDependency[Principal],
     ) -> schemas.ContextPreview:
+        await session_of(store, principal, session_id)
         data = await strict_body(request, schemas.ContextRequest)
         params = SamplingParams(max_tokens=data.max_tokens or sampling.max_tokens)
         assembled = await chat_service.preview_context(session_id, data.content, params)

@@ -149,6 +149,12 @@ class ChromaIndex:
                 self._api().delete_collection(self._name(scope))
             self._collections[scope] = self._create(scope)
 
+    def drop(self, scope: int) -> None:
+        with self._lock, _translated():
+            self._collections.pop(scope, None)
+            with suppress(NotFoundError, ValueError):
+                self._api().delete_collection(self._name(scope))
+
     def add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None:
         if len(ids) == 0:
             return
@@ -206,5 +212,5 @@ class ChromaIndex:
             self._collections.clear()
             for collection in self._api().list_collections():
                 name = collection if isinstance(collection, str) else collection.name
-                if name.startswith(self._base) and name[len(self._base) :].isdigit():
+                if name.startswith(self._base) and name[len(self._base) :].lstrip("-").isdigit():
                     self._api().delete_collection(name)

@@ -127,6 +127,12 @@ class FaissIndex:
                 os.replace(tmp, path)
             self._dirty.clear()
 
+    def drop(self, scope: int) -> None:
+        with self._lock:
+            self._scopes.pop(scope, None)
+            self._dirty.discard(scope)
+            self._path(scope).unlink(missing_ok=True)
+
     def drop_all(self) -> None:
         with self._lock:
             self._scopes.clear()

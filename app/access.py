@@ -1,0 +1,208 @@
+"""Who is asking: API keys, tenants, local mode, the admin guard and per-key rate limits.
+
+Every request outside the public paths carries `Authorization: Bearer <key>`; the key names
+a tenant, and everything the request reads or writes is that tenant's. When no active key
+exists the service is in local mode: it serves only on a loopback address and every request
+runs in the default tenant, as an administrator (the operator is the only client).
+
+The admin page cannot send headers on navigation, so under `/admin` the key may also come
+from the `memchat_admin_key` cookie that its sign-in form sets (HttpOnly, SameSite=Strict,
+so no other site can send it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.exceptions import (
+    NotAuthorizedException,
+    PermissionDeniedException,
+    TooManyRequestsException,
+)
+from litestar.handlers.base import BaseRouteHandler
+from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
+
+from storage.access import AccessStore, KeyOwner
+from storage.models import DEFAULT_TENANT_ID
+
+log = structlog.get_logger(__name__)
+
+ADMIN_COOKIE = "memchat_admin_key"
+# Probes, metrics and the API description need no key.
+PUBLIC_PATHS = ["^/healthz$", "^/readyz$", "^/metrics$", "^/schema", "^/swagger", "^/admin/login$"]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The identity of a request: its tenant, and the key that proved it (None: local mode)."""
+
+    tenant_id: int
+    tenant_name: str
+    is_admin: bool
+    key_id: int | None = None
+    key_name: str = "local"
+    key_prefix: str = ""
+
+    @property
+    def actor(self) -> str:
+        """How the audit log names whoever made a change."""
+        if self.key_id is None:
+            return "local operator"
+        return f"key {self.key_id} ({self.key_name}, {self.key_prefix}…)"
+
+
+LOCAL_PRINCIPAL = Principal(DEFAULT_TENANT_ID, "default", is_admin=True)
+
+
+def principal_of(owner: KeyOwner) -> Principal:
+    return Principal(
+        owner.tenant_id,
+        owner.tenant_name,
+        owner.is_admin,
+        owner.key_id,
+        owner.key_name,
+        owner.key_prefix,
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LocalModeRefusedError(RuntimeError):
+    """Serving on a non-loopback address with no API key would expose every memory."""
+
+
+async def check_local_mode(access: AccessStore, host: str) -> bool:
+    """True in local mode; refuses to serve beyond loopback without keys."""
+    if await access.has_active_keys():
+        return False
+    if not is_loopback(host):
+        raise LocalModeRefusedError(
+            f"refusing to serve on {host!r} without API keys: anyone who reaches it could read "
+            "every memory. Create a key (`memchat keys create --tenant NAME`) or bind to "
+            "127.0.0.1."
+        )
+    log.warning(
+        "local_mode",
+        detail="no API keys exist: serving on loopback only, every request in tenant "
+        "'default' with admin rights; create one with `memchat keys create`",
+    )
+    return True
+
+
+class RateLimiter:
+    """A token bucket per key: `per_minute` requests a minute, bursts up to that many.
+
+    In-process: with several API processes each enforces its own share of the limit.
+    """
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[int, tuple[float, float]] = {}
+
+    def retry_after_s(self, key_id: int, per_minute: int) -> int:
+        """0 if the request may proceed (and is counted), else seconds until it may."""
+        now = self._clock()
+        tokens, last = self._buckets.get(key_id, (float(per_minute), now))
+        rate = per_minute / 60.0
+        tokens = min(float(per_minute), tokens + (now - last) * rate)
+        if tokens >= 1.0:
+            self._buckets[key_id] = (tokens - 1.0, now)
+            return 0
+        self._buckets[key_id] = (tokens, now)
+        return max(1, math.ceil((1.0 - tokens) / rate))
+
+
+def _bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    header = connection.headers.get("authorization")
+    if header is not None:
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise NotAuthorizedException(
+                "send the API key as `Authorization: Bearer <key>`",
+                headers={"WWW-Authenticate": 'Bearer realm="memchat"'},
+            )
+        return secret.strip()
+    if connection.scope["path"].startswith("/admin"):
+        return connection.cookies.get(ADMIN_COOKIE)
+    return None
+
+
+class AccessMiddleware(AbstractAuthenticationMiddleware):
+    """Resolves the Principal of each request (`request.user`) and applies rate limits."""
+
+    async def authenticate_request(
+        self, connection: ASGIConnection[Any, Any, Any, Any]
+    ) -> AuthenticationResult:
+        gate: AccessGate = connection.app.state.access_gate
+        principal = await gate.authenticate(_bearer(connection))
+        return AuthenticationResult(user=principal, auth=principal.key_id)
+
+
+class AccessGate:
+    """Keys are looked up in SQL on every request, so a revoked key stops at once."""
+
+    def __init__(self, default_requests_per_minute: int) -> None:
+        self._default_rpm = default_requests_per_minute
+        self._limiter = RateLimiter()
+        self.access: AccessStore | None = None
+
+    async def authenticate(self, secret: str | None) -> Principal:
+        access = self.access
+        if access is None:
+            raise NotAuthorizedException("the service is starting")
+        if secret is None:
+            if not await access.has_active_keys():
+                return LOCAL_PRINCIPAL
+            raise NotAuthorizedException(
+                "an API key is required: send `Authorization: Bearer <key>`",
+                headers={"WWW-Authenticate": 'Bearer realm="memchat"'},
+            )
+        owner = await access.get_key_owner_or_none(secret)
+        if owner is None:
+            if not await access.has_active_keys():
+                return LOCAL_PRINCIPAL
+            raise NotAuthorizedException(
+                "unknown or revoked API key",
+                headers={"WWW-Authenticate": 'Bearer realm="memchat", error="invalid_token"'},
+            )
+        self._check_rate(owner)
+        return principal_of(owner)
+
+    def _check_rate(self, owner: KeyOwner) -> None:
+        per_minute = owner.requests_per_minute
+        if per_minute is None:
+            per_minute = self._default_rpm
+        if per_minute <= 0:
+            return
+        wait_s = self._limiter.retry_after_s(owner.key_id, per_minute)
+        if wait_s:
+            raise TooManyRequestsException(
+                f"rate limit of {per_minute} requests per minute for this key reached; "
+                f"retry in {wait_s} s",
+                headers={"Retry-After": str(wait_s)},
+            )
+
+
+def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard of every /admin route."""
+    principal = connection.user
+    if not isinstance(principal, Principal) or not principal.is_admin:
+        raise PermissionDeniedException("this needs an admin API key")
+
+
+def provide_principal(request: Request[Any, Any, Any]) -> Principal:
+    return request.user

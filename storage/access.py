@@ -1,0 +1,154 @@
+"""Tenants, API keys and the audit log.
+
+A key's secret is shown once, at creation; only its SHA-256 is stored. Secrets are 256
+random bits, so a fast hash is as good as a slow one here: nobody can guess a preimage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from storage.errors import NotFoundError
+from storage.models import ApiKey, AuditEntry, Tenant, utc_now
+from storage.repository import Store
+
+SECRET_PREFIX = "mck_"
+# The prefix and the first characters of the secret name the key in listings and logs.
+DISPLAY_CHARS = 12
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOwner:
+    """What a valid key grants: its tenant, and whether it reaches the admin API."""
+
+    key_id: int
+    key_name: str
+    key_prefix: str
+    tenant_id: int
+    tenant_name: str
+    is_admin: bool
+    requests_per_minute: int | None
+
+
+class AccessStore(Store):
+    async def ensure_tenant(self, name: str) -> Tenant:
+        async with self._transaction() as session:
+            tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
+            if tenant is None:
+                tenant = Tenant(name=name, created_at=utc_now())
+                session.add(tenant)
+                await session.flush()
+            return tenant
+
+    async def get_tenant(self, name: str) -> Tenant:
+        async with self._transaction() as session:
+            tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
+        if tenant is None:
+            raise NotFoundError("tenant", name)
+        return tenant
+
+    async def list_tenants(self) -> list[Tenant]:
+        async with self._transaction() as session:
+            return list((await session.scalars(select(Tenant).order_by(Tenant.id))).all())
+
+    async def create_key(
+        self,
+        tenant_name: str,
+        name: str,
+        *,
+        is_admin: bool = False,
+        requests_per_minute: int | None = None,
+    ) -> tuple[ApiKey, str]:
+        """A new key of the tenant (created if new) and its secret, which is not stored."""
+        tenant = await self.ensure_tenant(tenant_name)
+        secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+        key = ApiKey(
+            tenant_id=tenant.id,
+            name=name,
+            prefix=secret[:DISPLAY_CHARS],
+            key_hash=hash_secret(secret),
+            is_admin=is_admin,
+            requests_per_minute=requests_per_minute,
+            created_at=utc_now(),
+        )
+        async with self._transaction() as session:
+            session.add(key)
+        return key, secret
+
+    async def list_keys(self) -> list[tuple[ApiKey, str]]:
+        """Every key, revoked ones included, with its tenant's name."""
+        async with self._transaction() as session:
+            rows = await session.execute(
+                select(ApiKey, Tenant.name)
+                .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                .order_by(ApiKey.id)
+            )
+            return [(key, tenant) for key, tenant in rows.all()]
+
+    async def revoke_key(self, key_id: int) -> ApiKey:
+        async with self._transaction() as session:
+            key = await session.get(ApiKey, key_id)
+            if key is None:
+                raise NotFoundError("api key", key_id)
+            if key.revoked_at is None:
+                key.revoked_at = utc_now()
+            return key
+
+    async def get_key_owner_or_none(self, secret: str) -> KeyOwner | None:
+        """The owner of an active key with this secret; None if unknown or revoked."""
+        async with self._transaction() as session:
+            row = (
+                await session.execute(
+                    select(ApiKey, Tenant.name)
+                    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                    .where(ApiKey.key_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
+                )
+            ).first()
+        if row is None:
+            return None
+        key, tenant_name = row
+        return KeyOwner(
+            key.id,
+            key.name,
+            key.prefix,
+            key.tenant_id,
+            tenant_name,
+            key.is_admin,
+            key.requests_per_minute,
+        )
+
+    async def has_active_keys(self) -> bool:
+        async with self._transaction() as session:
+            found = await session.scalar(
+                select(ApiKey.id).where(ApiKey.revoked_at.is_(None)).limit(1)
+            )
+            return found is not None
+
+    # Audit log ------------------------------------------------------------------------
+
+    async def record(
+        self, actor: str, action: str, target: str, detail: dict[str, Any] | None = None
+    ) -> AuditEntry:
+        entry = AuditEntry(
+            at=utc_now(), actor=actor, action=action, target=target, detail=detail or {}
+        )
+        async with self._transaction() as session:
+            session.add(entry)
+        return entry
+
+    async def list_audit(self, *, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        """Newest first; `before_id` pages back."""
+        query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+        if before_id is not None:
+            query = query.where(AuditEntry.id < before_id)
+        async with self._transaction() as session:
+            return list((await session.scalars(query)).all())

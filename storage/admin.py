@@ -1,0 +1,212 @@
+"""What operators read across tenants: counts, statistics, and erasing a user for good."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, text
+
+from storage.errors import NotFoundError
+from storage.models import (
+    ApiKey,
+    ChatSession,
+    Fact,
+    FactChange,
+    KnowledgeChunk,
+    KnowledgeDocument,
+    Message,
+    MessageEmbedding,
+    SessionSummary,
+    Tenant,
+    User,
+)
+from storage.repository import Store
+
+
+@dataclass(frozen=True, slots=True)
+class TenantCounts:
+    id: int
+    name: str
+    num_users: int
+    num_keys: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserCounts:
+    user: User
+    tenant_name: str
+    num_sessions: int
+    num_messages: int
+    num_facts: int
+    num_documents: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErasedUser:
+    """What erasing a user removed from SQL; the ids let the caller drop their vectors."""
+
+    user_pk: int
+    tenant_id: int
+    external_id: str
+    num_sessions: int
+    num_messages: int
+    num_embeddings: int
+    num_summaries: int
+    num_facts: int
+    num_fact_changes: int
+    num_documents: int
+    num_chunks: int
+
+
+def _count_by(column: object, *where: object) -> object:
+    return select(column, func.count().label("n")).where(*where).group_by(column).subquery()
+
+
+class AdminStore(Store):
+    async def list_tenants_with_counts(self) -> list[TenantCounts]:
+        users = _count_by(User.tenant_id)
+        keys = _count_by(ApiKey.tenant_id, ApiKey.revoked_at.is_(None))
+        async with self._transaction() as session:
+            rows = await session.execute(
+                select(
+                    Tenant.id,
+                    Tenant.name,
+                    func.coalesce(users.c.n, 0),
+                    func.coalesce(keys.c.n, 0),
+                )
+                .outerjoin(users, users.c.tenant_id == Tenant.id)
+                .outerjoin(keys, keys.c.tenant_id == Tenant.id)
+                .order_by(Tenant.id)
+            )
+            return [TenantCounts(int(a), b, int(c), int(d)) for a, b, c, d in rows.all()]
+
+    async def list_users_with_counts(
+        self, tenant_id: int | None = None, user_pk: int | None = None
+    ) -> list[UserCounts]:
+        """Users (of one tenant, or one user, or all), each with the size of their memory."""
+        sessions = _count_by(ChatSession.user_pk)
+        messages = _count_by(Message.user_pk)
+        facts = _count_by(Fact.user_pk, Fact.status == "active")
+        documents = _count_by(KnowledgeDocument.user_pk)
+        query = (
+            select(
+                User,
+                Tenant.name,
+                func.coalesce(sessions.c.n, 0),
+                func.coalesce(messages.c.n, 0),
+                func.coalesce(facts.c.n, 0),
+                func.coalesce(documents.c.n, 0),
+            )
+            .join(Tenant, Tenant.id == User.tenant_id)
+            .outerjoin(sessions, sessions.c.user_pk == User.id)
+            .outerjoin(messages, messages.c.user_pk == User.id)
+            .outerjoin(facts, facts.c.user_pk == User.id)
+            .outerjoin(documents, documents.c.user_pk == User.id)
+            .order_by(User.id)
+        )
+        if tenant_id is not None:
+            query = query.where(User.tenant_id == tenant_id)
+        if user_pk is not None:
+            query = query.where(User.id == user_pk)
+        async with self._transaction() as session:
+            rows = (await session.execute(query)).all()
+        return [UserCounts(u, t, int(a), int(b), int(c), int(d)) for u, t, a, b, c, d in rows]
+
+    async def get_user_counts(self, user_pk: int) -> UserCounts:
+        await self.get_user_by_pk(user_pk)  # refuses ids no row can have
+        found = await self.list_users_with_counts(user_pk=user_pk)
+        if not found:
+            raise NotFoundError("user", user_pk)
+        return found[0]
+
+    async def list_user_chunk_ids(self, user_pk: int) -> list[int]:
+        async with self._transaction() as session:
+            rows = await session.scalars(
+                select(KnowledgeChunk.id)
+                .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
+                .where(KnowledgeDocument.user_pk == user_pk)
+            )
+            return [int(i) for i in rows.all()]
+
+    async def erase_user(self, user_pk: int) -> ErasedUser:
+        """Delete every row of the user in one transaction, children first (SQLite cascades
+        only with its pragma on, so nothing relies on it)."""
+        async with self._transaction() as session:
+            user = await session.get(User, user_pk)
+            if user is None:
+                raise NotFoundError("user", user_pk)
+            session_ids = select(ChatSession.id).where(ChatSession.user_pk == user_pk)
+            fact_ids = select(Fact.id).where(Fact.user_pk == user_pk)
+            document_ids = select(KnowledgeDocument.id).where(KnowledgeDocument.user_pk == user_pk)
+            counts = {}
+            for name, statement in (
+                ("embeddings", delete(MessageEmbedding).where(MessageEmbedding.user_pk == user_pk)),
+                (
+                    "summaries",
+                    delete(SessionSummary).where(SessionSummary.session_id.in_(session_ids)),
+                ),
+                ("messages", delete(Message).where(Message.user_pk == user_pk)),
+                ("sessions", delete(ChatSession).where(ChatSession.user_pk == user_pk)),
+                ("fact_changes", delete(FactChange).where(FactChange.fact_id.in_(fact_ids))),
+                ("facts", delete(Fact).where(Fact.user_pk == user_pk)),
+                (
+                    "chunks",
+                    delete(KnowledgeChunk).where(KnowledgeChunk.document_id.in_(document_ids)),
+                ),
+                (
+                    "documents",
+                    delete(KnowledgeDocument).where(KnowledgeDocument.user_pk == user_pk),
+                ),
+            ):
+                result = await session.execute(statement)
+                counts[name] = int(result.rowcount or 0)  # type: ignore[attr-defined]
+            erased = ErasedUser(
+                user_pk=user.id,
+                tenant_id=user.tenant_id,
+                external_id=user.external_id,
+                num_sessions=counts["sessions"],
+                num_messages=counts["messages"],
+                num_embeddings=counts["embeddings"],
+                num_summaries=counts["summaries"],
+                num_facts=counts["facts"],
+                num_fact_changes=counts["fact_changes"],
+                num_documents=counts["documents"],
+                num_chunks=counts["chunks"],
+            )
+            await session.delete(user)
+        return erased
+
+    async def count_rows(self) -> dict[str, int]:
+        """Rows per table, for the statistics page."""
+        tables = {
+            "tenants": Tenant,
+            "api_keys": ApiKey,
+            "users": User,
+            "sessions": ChatSession,
+            "messages": Message,
+            "message_embeddings": MessageEmbedding,
+            "session_summaries": SessionSummary,
+            "facts": Fact,
+            "fact_changes": FactChange,
+            "knowledge_documents": KnowledgeDocument,
+            "knowledge_chunks": KnowledgeChunk,
+        }
+        async with self._transaction() as session:
+            return {
+                name: int(await session.scalar(select(func.count()).select_from(model)) or 0)
+                for name, model in tables.items()
+            }
+
+    async def database_bytes(self) -> int | None:
+        """The database's size on disk, where the backend can tell."""
+        async with self._transaction() as session:
+            dialect = session.bind.dialect.name
+            if dialect == "postgresql":
+                return int(
+                    await session.scalar(text("SELECT pg_database_size(current_database())"))
+                )
+            if dialect == "sqlite":
+                pages = await session.scalar(text("PRAGMA page_count"))
+                size = await session.scalar(text("PRAGMA page_size"))
+                return int(pages) * int(size)
+        return None
