@@ -22,15 +22,17 @@ from litestar.openapi import OpenAPIConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import EXCEPTION_HANDLERS
+from app.observability import ServiceMetrics
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
+from app.request_context import observe_requests
 from app.routes.facts import FactController
 from app.routes.health import healthz, readyz
 from app.routes.knowledge import KnowledgeController
 from app.routes.memory import MemoryController
-from app.routes.metrics import EngineMetrics, metrics
+from app.routes.metrics import metrics
 from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
-from retrieval.chat import ChatConfig, ChatService
+from retrieval.chat import ChatConfig, ChatService, TurnResult
 from retrieval.context import ContextAssembler
 from retrieval.facts.extract import rule_extractor
 from retrieval.facts.llm import LlmFactExtractor
@@ -249,7 +251,11 @@ async def check_schema(db_engine: AsyncEngine) -> None:
 
 
 async def build_runtime(
-    settings: Settings, *, embedder: Embedder | None = None, engine: Engine | None = None
+    settings: Settings,
+    *,
+    embedder: Embedder | None = None,
+    engine: Engine | None = None,
+    on_turn: Callable[[TurnResult], None] | None = None,
 ) -> Runtime:
     db_engine = create_engine(
         settings.resolved_database_url(), timeout_s=settings.database_timeout_s
@@ -306,6 +312,7 @@ async def build_runtime(
         facts=facts,
         knowledge=knowledge,
         on_new_messages=worker.notify if worker is not None else None,
+        on_turn=on_turn,
     )
     if worker is not None:
         await worker.start()
@@ -330,7 +337,9 @@ def create_app(
 ) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        runtime = await build_runtime(settings, embedder=embedder, engine=engine)
+        runtime = await build_runtime(
+            settings, embedder=embedder, engine=engine, on_turn=service_metrics.observe_turn
+        )
         app.state.runtime = runtime
         log.info("memchat_ready", database=runtime.db_engine.url.render_as_string())
         try:
@@ -353,6 +362,7 @@ def create_app(
     def provide_sampling() -> SamplingDefaults:
         return sampling
 
+    service_metrics = ServiceMetrics()
     sampling = SamplingDefaults(
         max_tokens=settings.engine.max_tokens,
         temperature=settings.engine.temperature,
@@ -366,7 +376,7 @@ def create_app(
         "sampling": Provide(provide_sampling, sync_to_thread=False),
         "knowledge": Provide(provide_knowledge, sync_to_thread=False),
     }
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             SessionController,
             MemoryController,
@@ -376,7 +386,7 @@ def create_app(
             readyz,
             metrics,
         ],
-        state=State({"engine_metrics": EngineMetrics()}),
+        state=State({"metrics": service_metrics}),
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
@@ -391,3 +401,4 @@ def create_app(
         ),
         request_max_body_size=settings.max_request_bytes,
     )
+    return observe_requests(app, service_metrics)
