@@ -21,6 +21,8 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(message)s", stream=sys.stderr)
     structlog.configure(
         processors=[
+            # The request id (and anything else bound for the request) on every line.
+            structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.format_exc_info,

@@ -32,17 +32,19 @@ from app.access import (
     provide_principal,
 )
 from app.errors import EXCEPTION_HANDLERS
+from app.observability import ServiceMetrics
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
+from app.request_context import observe_requests
 from app.routes.admin import AdminController, Deployment
 from app.routes.admin_page import AdminLoginController, AdminPageController
 from app.routes.facts import FactController
 from app.routes.health import healthz, readyz
 from app.routes.knowledge import KnowledgeController
 from app.routes.memory import MemoryController
-from app.routes.metrics import EngineMetrics, metrics
+from app.routes.metrics import metrics
 from app.routes.sessions import SamplingDefaults, SessionController
 from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
-from retrieval.chat import ChatConfig, ChatService
+from retrieval.chat import ChatConfig, ChatService, TurnResult
 from retrieval.context import ContextAssembler
 from retrieval.facts.extract import rule_extractor
 from retrieval.facts.llm import LlmFactExtractor
@@ -269,7 +271,11 @@ async def check_schema(db_engine: AsyncEngine) -> None:
 
 
 async def build_runtime(
-    settings: Settings, *, embedder: Embedder | None = None, engine: Engine | None = None
+    settings: Settings,
+    *,
+    embedder: Embedder | None = None,
+    engine: Engine | None = None,
+    on_turn: Callable[[TurnResult], None] | None = None,
 ) -> Runtime:
     db_engine = create_engine(
         settings.resolved_database_url(), timeout_s=settings.database_timeout_s
@@ -327,6 +333,7 @@ async def build_runtime(
         facts=facts,
         knowledge=knowledge,
         on_new_messages=worker.notify if worker is not None else None,
+        on_turn=on_turn,
     )
     if worker is not None:
         await worker.start()
@@ -362,7 +369,9 @@ def create_app(
 ) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        runtime = await build_runtime(settings, embedder=embedder, engine=engine)
+        runtime = await build_runtime(
+            settings, embedder=embedder, engine=engine, on_turn=service_metrics.observe_turn
+        )
         try:
             await check_local_mode(runtime.access, settings.host)
             gate.access = runtime.access
@@ -404,7 +413,7 @@ def create_app(
         return Provide(provide, sync_to_thread=False)
 
     gate = AccessGate(settings.access.requests_per_minute)
-
+    service_metrics = ServiceMetrics()
     sampling = SamplingDefaults(
         max_tokens=settings.engine.max_tokens,
         temperature=settings.engine.temperature,
@@ -424,7 +433,7 @@ def create_app(
         "turn_memory": runtime_part("memory"),
         "summaries": runtime_part("summaries"),
     }
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             SessionController,
             MemoryController,
@@ -437,7 +446,7 @@ def create_app(
             readyz,
             metrics,
         ],
-        state=State({"engine_metrics": EngineMetrics(), "access_gate": gate}),
+        state=State({"metrics": service_metrics, "access_gate": gate}),
         middleware=[DefineMiddleware(AccessMiddleware, exclude=PUBLIC_PATHS)],
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
@@ -454,3 +463,4 @@ def create_app(
         request_max_body_size=settings.max_request_bytes,
         template_config=TemplateConfig(directory=TEMPLATES_DIR, engine=JinjaTemplateEngine),
     )
+    return observe_requests(app, service_metrics)

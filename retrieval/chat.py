@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import sys
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -33,6 +34,7 @@ from retrieval.routing import Route, current_route
 from retrieval.summary import SummaryState
 from retrieval.text import is_blank
 from retrieval.timeutil import as_utc
+from retrieval.timing import StageClock, TurnTimings
 from retrieval.window import WindowKeeper, WindowView
 from storage.models import ChatSession, Message, SessionSummary, User
 from storage.repository import NewMessage, Store
@@ -94,6 +96,7 @@ class TurnResult:
     reply: StoredTurn
     context: ContextReport
     completion: Completion
+    timings: TurnTimings
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ class ChatService:
         facts: FactMemory | None = None,
         knowledge: KnowledgeBase | None = None,
         on_new_messages: Callable[[int], None] | None = None,
+        on_turn: Callable[[TurnResult], None] | None = None,
     ) -> None:
         self._knowledge = knowledge
         self._store = store
@@ -169,6 +173,8 @@ class ChatService:
         self._facts = facts
         # Told the user id after messages are stored (fact extraction runs off the path).
         self._on_new_messages = on_new_messages or (lambda _user_pk: None)
+        # Told every finished turn (the app publishes its timings and token counts).
+        self._on_turn = on_turn or (lambda _result: None)
         self._memory = memory
         self._engine = engine
         self._assembler = assembler
@@ -246,20 +252,23 @@ class ChatService:
     async def _run_admitted_turn(
         self, session_id: str, content: str, content_tokens: int, params: SamplingParams
     ) -> AsyncIterator[TurnEvent]:
+        clock = StageClock()  # the turn's total includes waiting for the session's lock
         async with self._lock(session_id):
-            chat, user, window, vector = await self._load_and_embed(session_id, content)
+            chat, user, window, vector = await self._load_and_embed(session_id, content, clock)
             message = await self._persist_user_message(chat, content, content_tokens)
-            context = await self._context(
-                chat,
-                user.tenant_id,
-                window,
-                vector,
-                content,
-                params,
-                {message.id},
-                persist=True,
-                message_id=message.id,
-            )
+            with clock.stage("context"):
+                context = await self._context(
+                    chat,
+                    user.tenant_id,
+                    window,
+                    vector,
+                    content,
+                    params,
+                    {message.id},
+                    clock=clock,
+                    persist=True,
+                    message_id=message.id,
+                )
             await self._memory.index_messages([message], vector[None, :])
             user_turn = StoredTurn.from_row(message)
             yield TurnStarted(user_turn, context)
@@ -267,17 +276,24 @@ class ChatService:
             # The user's replica keeps their prefix cached. Set for the rest of this task
             # (one request): each turn sets its own route before generating.
             current_route.set(Route(key=str(chat.user_pk), tenant=str(user.tenant_id)))
-            async for event in self._engine.stream(context.messages, params):
-                if isinstance(event, Completion):
-                    completion = event
-                else:
-                    yield event
+            sent = time.perf_counter()
+            with clock.stage("generation"):
+                async for event in self._engine.stream(context.messages, params):
+                    if isinstance(event, Completion):
+                        completion = event
+                    else:
+                        clock.mark_once("time_to_first_token", since=sent)
+                        yield event
             if completion is None:  # pragma: no cover - engines always finish with one
                 raise RuntimeError("engine stream ended without a completion")
             reply = await self._persist_reply(chat, completion.text)
             await self._memory.index_messages([reply])
             self._on_new_messages(chat.user_pk)
-            yield TurnResult(user_turn, StoredTurn.from_row(reply), context.report, completion)
+            result = TurnResult(
+                user_turn, StoredTurn.from_row(reply), context.report, completion, clock.timings()
+            )
+            self._on_turn(result)
+            yield result
 
     async def complete_turn(
         self, session_id: str, content: str, params: SamplingParams
@@ -307,15 +323,20 @@ class ChatService:
         return result.messages[0]
 
     async def _load_and_embed(
-        self, session_id: str, content: str
+        self, session_id: str, content: str, clock: StageClock
     ) -> tuple[ChatSession, User, LoadedWindow, np.ndarray]:
         """The session, its user and its window, read while the new message is embedded."""
-        (chat, user), window, vectors = await asyncio.gather(
+        (chat, user), window, vector = await asyncio.gather(
             self._store.get_session(session_id),
             self._windows.load(session_id),
-            self._memory.embed([content]),
+            self._embed_one(content, clock),
         )
-        return chat, user, window, vectors[0]
+        return chat, user, window, vector
+
+    async def _embed_one(self, content: str, clock: StageClock) -> np.ndarray:
+        with clock.stage("embed"):
+            vectors = await self._memory.embed([content])
+        return vectors[0]
 
     async def _context(
         self,
@@ -327,6 +348,7 @@ class ChatService:
         params: SamplingParams,
         exclude: set[int],
         *,
+        clock: StageClock,
         persist: bool,
         message_id: int | None = None,
     ) -> AssembledContext:
@@ -358,16 +380,18 @@ class ChatService:
         # Turns in the window, and turns its earlier context notes show, are in view.
         exclude = exclude | {t.message_id for t in view.turns}
         exclude |= {i for t in view.turns for i in t.note_ids}
-        hits, knowledge = await asyncio.gather(
-            self._memory.search(
-                chat.user_pk, vector, self._config.retrieval_k, exclude, query=content
-            ),
-            self._knowledge_for(tenant_id, chat.user_pk, vector, self._config.knowledge_k),
-        )
+        with clock.stage("search"):
+            hits, knowledge = await asyncio.gather(
+                self._memory.search(
+                    chat.user_pk, vector, self._config.retrieval_k, exclude, query=content
+                ),
+                self._knowledge_for(tenant_id, chat.user_pk, vector, self._config.knowledge_k),
+            )
+            memories = await self._memories(chat.user_pk, hits)
         in_system, new_facts, shown_before = split_pinned(pinned, view)
         context = self._assembler.assemble(
             new_message=content,
-            memories=await self._memories(chat.user_pk, hits),
+            memories=memories,
             recent=recent,
             budget=budget,
             pinned=in_system,
@@ -447,9 +471,10 @@ class ChatService:
         """The context a message would get, without storing or generating anything."""
         self.validate_content(content)
         self._check_fits(self._engine.count_tokens(content), params)
-        chat, user, window, vector = await self._load_and_embed(session_id, content)
+        clock = StageClock()  # a preview is no turn: its timings are not reported
+        chat, user, window, vector = await self._load_and_embed(session_id, content, clock)
         return await self._context(
-            chat, user.tenant_id, window, vector, content, params, set(), persist=False
+            chat, user.tenant_id, window, vector, content, params, set(), clock=clock, persist=False
         )
 
     async def import_history(

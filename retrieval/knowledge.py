@@ -259,6 +259,14 @@ class KnowledgeBase:
 
     # Retrieval ------------------------------------------------------------------------
 
+    def num_vectors(self) -> int:
+        """Chunk vectors in the open scopes of the index (blocking: call from a thread)."""
+        return self._index.num_vectors()
+
+    def ping_index(self) -> None:
+        """Reach the knowledge index's store (blocking); raises IndexUnavailableError."""
+        self._index.ping()
+
     async def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return await asyncio.to_thread(self._embedder.embed, list(texts))
 

@@ -125,6 +125,14 @@ class TurnMemory:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return await asyncio.to_thread(self._embedder.embed, list(texts))
 
+    def num_vectors(self) -> int:
+        """Vectors in the open scopes of the turn index (blocking: call from a thread)."""
+        return self._index.num_vectors()
+
+    def ping_index(self) -> None:
+        """Reach the turn index's store (blocking); raises IndexUnavailableError."""
+        self._index.ping()
+
     async def ensure_scope(self, user_pk: int) -> None:
         if self._index.is_loaded(user_pk) and self._texts_ready(user_pk):
             return

@@ -96,6 +96,16 @@ class VectorIndex(Protocol):
 
     def list_ids(self, scope: int) -> set[int]: ...
 
+    def num_vectors(self) -> int:
+        """Vectors in the scopes this instance has open (loaded or written since it
+        started), not those of scopes it has not touched: cheap enough for every scrape
+        of the metrics."""
+        ...
+
+    def ping(self) -> None:
+        """Reach the store behind the index; raises IndexUnavailableError when it cannot."""
+        ...
+
     def save(self) -> None: ...
 
     def drop_all(self) -> None: ...

@@ -154,3 +154,23 @@ def test_drop_forgets_one_scope_in_memory_and_in_storage(
     assert reloaded.load(1).status == "missing"
     assert reloaded.load(-3).status == "missing"
     assert reloaded.load(2).ids == {10, 20}
+
+
+def test_num_vectors_counts_the_open_scopes(index: VectorIndex, make_index: Factory) -> None:
+    assert index.num_vectors() == 6
+    index.add(1, [12], unit(1, 0.05, 0)[None, :])  # a replacement, not one more
+    index.remove(1, {10, 99})
+    assert index.num_vectors() == 5
+    index.reset(1)
+    assert index.num_vectors() == 2
+    index.save()
+    reloaded = make_index(3)
+    assert reloaded.num_vectors() == 0  # nothing open yet
+    reloaded.load(2)
+    assert reloaded.num_vectors() == 2
+    reloaded.drop_all()
+    assert reloaded.num_vectors() == 0
+
+
+def test_ping_reaches_the_store(index: VectorIndex) -> None:
+    assert index.ping() is None

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
 from litestar import Response, get
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 
 from app import schemas
+from retrieval.errors import IndexUnavailableError
 from retrieval.protocols import MonitoredEngine
 from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from app.factory import Runtime
 
 
 @get("/healthz", tags=["health"], sync_to_thread=False)
@@ -17,29 +25,53 @@ def healthz() -> schemas.Health:
     return schemas.Health(status="ok")
 
 
+async def _database(runtime: Runtime) -> str:
+    try:
+        await runtime.store.ping()
+    except StorageError as exc:
+        return f"error: {exc}"
+    return "ok"
+
+
+async def _index(ping: Callable[[], None]) -> str:
+    """A vector index's store answers (Chroma: a heartbeat; FAISS is in process)."""
+    try:
+        await anyio.to_thread.run_sync(ping)
+    except IndexUnavailableError as exc:
+        return f"error: {exc}"
+    return "ok"
+
+
+async def dependency_checks(runtime: Runtime) -> dict[str, str]:
+    """Each dependency's state: "ok", a model name (loaded), or "error: ..."."""
+    checks = {
+        "database": await _database(runtime),
+        "embedder": runtime.embedder.model_name,
+        "engine": runtime.engine.model_name,
+        "index": await _index(runtime.memory.ping_index),
+    }
+    if runtime.knowledge is not None:
+        checks["knowledge_index"] = await _index(runtime.knowledge.ping_index)
+    if isinstance(runtime.engine, MonitoredEngine):
+        # An engine behind a network hop: "ok (n/m replicas)" or "error: ...".
+        checks["engine_health"] = await runtime.engine.check_health()
+    return checks
+
+
 @get(
     "/readyz",
     tags=["health"],
     responses={503: ResponseSpec(data_container=schemas.Health, description="Not ready.")},
 )
 async def readyz(state: State) -> Response[schemas.Health]:
-    checks: dict[str, str] = {}
+    """Ready while no dependency reports an error: `database`, `index` (the turn
+    index), `knowledge_index`, and `engine_health` for an engine behind a network hop;
+    `embedder` and `engine` name the loaded models."""
     runtime = state.get("runtime")
     if runtime is None:
         return Response(schemas.Health("starting", {"runtime": "not started"}), status_code=503)
-    try:
-        await runtime.store.ping()
-        checks["database"] = "ok"
-    except StorageError as exc:
-        checks["database"] = f"error: {exc}"
-    checks["embedder"] = runtime.embedder.model_name
-    checks["engine"] = runtime.engine.model_name
-    checks["index"] = "ok"
-    ready = checks["database"] == "ok"
-    if isinstance(runtime.engine, MonitoredEngine):
-        # An engine behind a network hop: not ready while no replica answers.
-        checks["engine_health"] = await runtime.engine.check_health()
-        ready = ready and checks["engine_health"].startswith("ok")
+    checks = await dependency_checks(runtime)
+    ready = not any(value.startswith("error: ") for value in checks.values())
     return Response(
         schemas.Health("ready" if ready else "not ready", checks), status_code=200 if ready else 503
     )

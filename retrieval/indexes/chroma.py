@@ -203,6 +203,17 @@ class ChromaIndex:
         with _translated():
             return self._ids(self._collection(scope))
 
+    def num_vectors(self) -> int:
+        """One `count` call per open collection."""
+        with self._lock:
+            collections = list(self._collections.values())
+        with _translated():
+            return sum(int(collection.count()) for collection in collections)
+
+    def ping(self) -> None:
+        with _translated():
+            self._api().heartbeat()
+
     def save(self) -> None:
         """Nothing to do: Chroma has written every change already."""
 

@@ -117,6 +117,13 @@ class FaissIndex:
                 return set()
             return {int(i) for i in faiss.vector_to_array(index.id_map)}
 
+    def num_vectors(self) -> int:
+        with self._lock:
+            return sum(int(index.ntotal) for index in self._scopes.values())
+
+    def ping(self) -> None:
+        """Nothing to reach: the open scopes live in this process."""
+
     def save(self) -> None:
         """Write every changed scope to disk atomically."""
         with self._lock:
