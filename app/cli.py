@@ -84,7 +84,7 @@ async def _check_access(settings: Settings) -> None:
 
 
 async def _reindex(settings: Settings) -> tuple[int, int]:
-    from app.factory import build_knowledge, build_memory, load_embedder
+    from app.runtime import build_knowledge, build_memory, load_embedder
     from storage.db import create_engine, create_sessionmaker
     from storage.repository import Store
 
@@ -139,7 +139,7 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _import(settings: Settings, lines: list[bytes], tenant_name: str) -> tuple[int, int, int]:
     from app.backup import import_user
-    from app.factory import build_memory, load_embedder
+    from app.runtime import build_memory, load_embedder
     from storage.access import AccessStore
     from storage.db import create_engine, create_sessionmaker
 

@@ -23,7 +23,7 @@ from retrieval.context import SectionTokens
 from retrieval.errors import IndexUnavailableError
 
 if TYPE_CHECKING:
-    from app.factory import Runtime
+    from app.runtime import Runtime
 
 log = structlog.get_logger(__name__)
 

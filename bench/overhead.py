@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.factory import Runtime, build_runtime, close_runtime
+from app.runtime import Runtime, build_runtime, close_runtime
 from app.settings import FactSettings, Settings
 from retrieval.chat import ImportedMessage
 from retrieval.facts.extract import rule_extractor

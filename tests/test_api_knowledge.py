@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from app.factory import build_chroma_index, create_app
+from app.factory import create_app
+from app.runtime import build_chroma_index
 from app.settings import KnowledgeSettings, Settings
 from tests.documents import HANDBOOK_MD, make_pdf
 from tests.fakes import HashEmbedder, ScriptedEngine

@@ -15,7 +15,8 @@ import pytest
 from chromadb.api.client import SharedSystemClient
 from litestar.testing import AsyncTestClient
 
-from app.factory import build_knowledge, create_app
+from app.factory import create_app
+from app.runtime import build_knowledge
 from app.settings import IndexSettings, KnowledgeSettings, Settings
 from retrieval.protocols import Embedder
 from storage.db import create_engine

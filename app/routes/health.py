@@ -16,7 +16,7 @@ from retrieval.protocols import MonitoredEngine
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from app.factory import Runtime
+    from app.runtime import Runtime
 
 
 @get("/healthz", tags=["health"], sync_to_thread=False)
