@@ -29,6 +29,7 @@ from litestar.exceptions import (
 from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 
+from app.settings import Settings
 from storage.access import AccessStore, KeyOwner
 from storage.models import DEFAULT_TENANT_ID
 
@@ -85,8 +86,34 @@ class LocalModeRefusedError(RuntimeError):
     """Serving on a non-loopback address with no API key would expose every memory."""
 
 
-async def check_local_mode(access: AccessStore, host: str) -> bool:
-    """True in local mode; refuses to serve beyond loopback without keys."""
+def bootstrap_key(settings: Settings) -> str | None:
+    secret = settings.access.bootstrap_admin_key
+    return secret.get_secret_value() if secret is not None else None
+
+
+BOOTSTRAP_TENANT = "operators"
+MIN_BOOTSTRAP_CHARS = 32
+
+
+async def check_local_mode(
+    access: AccessStore, host: str, bootstrap_key: str | None = None
+) -> bool:
+    """True in local mode; refuses to serve beyond loopback without keys.
+
+    `bootstrap_key` (MEMCHAT_ACCESS__BOOTSTRAP_ADMIN_KEY) becomes an admin key of the tenant
+    `operators` when no active key exists, so that a container can serve on its network
+    address from its first start.
+    """
+    if bootstrap_key and not await access.has_active_keys():
+        if len(bootstrap_key) < MIN_BOOTSTRAP_CHARS:
+            raise LocalModeRefusedError(
+                f"the bootstrap admin key must have at least {MIN_BOOTSTRAP_CHARS} characters "
+                "(e.g. `openssl rand -hex 32`)"
+            )
+        await access.create_key(
+            BOOTSTRAP_TENANT, "bootstrap admin", is_admin=True, secret=bootstrap_key
+        )
+        log.info("bootstrap_admin_key_created", tenant=BOOTSTRAP_TENANT)
     if await access.has_active_keys():
         return False
     if not is_loopback(host):

@@ -72,13 +72,15 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _check_access(settings: Settings) -> None:
-    from app.access import check_local_mode
+    from app.access import bootstrap_key, check_local_mode
     from storage.access import AccessStore
     from storage.db import create_engine, create_sessionmaker
 
     engine = create_engine(settings.resolved_database_url())
     try:
-        await check_local_mode(AccessStore(create_sessionmaker(engine)), settings.host)
+        await check_local_mode(
+            AccessStore(create_sessionmaker(engine)), settings.host, bootstrap_key(settings)
+        )
     finally:
         await engine.dispose()
 

@@ -25,6 +25,7 @@ from app.access import (
     PUBLIC_PATHS,
     AccessGate,
     AccessMiddleware,
+    bootstrap_key,
     check_local_mode,
     provide_principal,
 )
@@ -65,7 +66,7 @@ def create_app(
             settings, embedder=embedder, engine=engine, on_turn=service_metrics.observe_turn
         )
         try:
-            await check_local_mode(runtime.access, settings.host)
+            await check_local_mode(runtime.access, settings.host, bootstrap_key(settings))
             gate.access = runtime.access
             app.state.runtime = runtime
             log.info("memchat_ready", database=runtime.db_engine.url.render_as_string())

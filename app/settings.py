@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -156,6 +156,9 @@ class AccessSettings(BaseModel):
     # Per key, unless the key has its own (`memchat keys create --requests-per-minute`);
     # 0 = no limit. A client application usually sends all its users' requests with one key.
     requests_per_minute: int = Field(1200, ge=0)
+    # Made an admin key (tenant `operators`) at start when no key exists: lets a container
+    # serve on its network address from the first start. At least 32 characters.
+    bootstrap_admin_key: SecretStr | None = None
 
 
 class Settings(BaseSettings):

@@ -67,10 +67,14 @@ class AccessStore(Store):
         *,
         is_admin: bool = False,
         requests_per_minute: int | None = None,
+        secret: str | None = None,
     ) -> tuple[ApiKey, str]:
-        """A new key of the tenant (created if new) and its secret, which is not stored."""
+        """A new key of the tenant (created if new) and its secret, which is not stored.
+
+        The secret is random unless given (an operator's bootstrap key from the
+        environment)."""
         tenant = await self.ensure_tenant(tenant_name)
-        secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+        secret = secret or SECRET_PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(
             tenant_id=tenant.id,
             name=name,

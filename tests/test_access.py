@@ -14,7 +14,7 @@ from litestar.testing import AsyncTestClient
 
 from app.access import LocalModeRefusedError, RateLimiter
 from app.factory import create_app
-from app.settings import Settings
+from app.settings import AccessSettings, Settings
 from storage.access import AccessStore
 from storage.db import create_engine, create_sessionmaker
 from tests.fakes import HashEmbedder, ScriptedEngine
@@ -263,3 +263,34 @@ async def test_local_mode_runs_in_the_default_tenant_and_refuses_open_addresses(
     app = create_app(exposed, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
     async with AsyncTestClient(app=app) as client:
         assert (await client.post("/v1/sessions", json={"user_id": "x"})).status_code == 401
+
+
+async def test_a_bootstrap_admin_key_lets_a_container_serve_on_its_address(
+    settings: Settings,
+) -> None:
+    short = settings.model_copy(
+        update={"host": "0.0.0.0", "access": AccessSettings(bootstrap_admin_key="short")}
+    )
+    app = create_app(short, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
+    with pytest.raises(ExceptionGroup) as raised:
+        async with AsyncTestClient(app=app):
+            pass
+    assert "at least 32 characters" in str(raised.value.exceptions[0])
+
+    secret = "b" * 40
+    exposed = settings.model_copy(
+        update={
+            "host": "0.0.0.0",
+            "access": AccessSettings(bootstrap_admin_key=secret),
+        }
+    )
+    app = create_app(exposed, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
+    async with AsyncTestClient(app=app) as client:
+        assert (await client.get("/admin/v1/tenants")).status_code == 401
+        tenants = await client.get("/admin/v1/tenants", headers=bearer(secret))
+        assert [t["name"] for t in tenants.json()["tenants"]] == ["default", "operators"]
+    # Once keys exist, the variable adds nothing at the next start.
+    app = create_app(exposed, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
+    async with AsyncTestClient(app=app) as client:
+        keys = (await client.get("/admin/v1/tenants", headers=bearer(secret))).json()
+        assert [t["num_active_keys"] for t in keys["tenants"]] == [0, 1]
