@@ -1,10 +1,12 @@
 """The recent window and the rolling summary of what left it.
 
 A session's window is its messages after the summary's `through_seq`, less pruned small
-talk. It only grows, by appending, until it is over its budget (messages or tokens);
-then small talk goes first, and if that is not enough the oldest messages leave in one
-chunk and are compacted into the next summary version. Between compactions the prompt
-prefix (system prompt, pinned facts, summary, window) stays identical.
+talk. It only grows, by appending, until it is over its budget (messages, or tokens: its
+high-water mark); then it is brought down to its low-water mark, well below, at once:
+small talk goes first, and if that is not enough the oldest messages leave in one chunk
+and are compacted into the next summary version. Between compactions the prompt prefix
+(system prompt, pinned facts, summary, window) stays identical, and the gap between the
+two marks is what the window may grow by before the next compaction.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ class SummaryState:
 
 @dataclass(frozen=True, slots=True)
 class WindowPolicy:
+    """When the window is compacted and how far.
+
+    Over `max_messages` or `token_budget` (the high-water mark), it is brought down to at
+    most `max_messages` and `low_water_tokens`; `low_water_tokens <= token_budget`.
+    """
+
     max_messages: int
     eviction_chunk: int
     token_budget: int
-    # A token-triggered compaction leaves the window at (1 - share) of its budget.
-    eviction_share: float = 0.25
+    low_water_tokens: int
     # The newest messages are never pruned.
     keep_last: int = 2
 
@@ -60,23 +67,45 @@ def plan_compaction(
     policy: WindowPolicy,
     message_tokens: Callable[[int], int],
 ) -> Compaction:
-    """What leaves the window this turn: nothing while it is within budget; else small
-    talk (oldest first), and if still over budget the oldest messages in one chunk."""
+    """What leaves the window this turn: nothing while it is within its budget; else,
+    down to the low-water mark, small talk (oldest first), then the oldest messages in
+    one chunk."""
 
-    def over(turns: Sequence[WindowTurn]) -> bool:
+    def over(turns: Sequence[WindowTurn], limit: int) -> bool:
         tokens = sum(message_tokens(t.token_count) for t in turns)
-        return len(turns) > policy.max_messages or tokens > policy.token_budget
+        return len(turns) > policy.max_messages or tokens > limit
 
     pruned = {t.seq for t in window if t.seq in state.pruned_seqs}
     live = [t for t in window if t.seq not in pruned]
-    if not over(live):
+    if not over(live, policy.token_budget):
         return Compaction(frozenset(pruned))
+    newly = _small_talk_to_prune(
+        live, policy, lambda kept: over(kept, policy.low_water_tokens), pruned
+    )
+    pruned.update(t.seq for t in newly)
+    live = [t for t in live if t.seq not in pruned]
+    if not over(live, policy.low_water_tokens):
+        return Compaction(frozenset(pruned), (), tuple(newly))
+    num_evicted = _num_to_evict(live, policy, message_tokens)
+    evicted = tuple(live[:num_evicted])
+    through = evicted[-1].seq if evicted else 0
+    return Compaction(frozenset(s for s in pruned if s > through), evicted, tuple(newly))
+
+
+def _small_talk_to_prune(
+    live: Sequence[WindowTurn],
+    policy: WindowPolicy,
+    over: Callable[[Sequence[WindowTurn]], bool],
+    pruned: set[int],
+) -> list[WindowTurn]:
+    """Small talk, oldest first, while what is left is `over` (the newest messages stay)."""
+    taken = set(pruned)
     newly: list[WindowTurn] = []
     prunable = live[: max(0, len(live) - policy.keep_last)]
     for position, turn in enumerate(prunable):
-        if not over([t for t in live if t.seq not in pruned]):
+        if not over([t for t in live if t.seq not in taken]):
             break
-        if turn.seq in pruned or not is_small_talk(turn.text):
+        if turn.seq in taken or not is_small_talk(turn.text):
             continue
         # An exchange of small talk goes as a whole: the reply does not dangle.
         exchange = [turn]
@@ -88,15 +117,9 @@ def plan_compaction(
             and is_small_talk(following.text)
         ):
             exchange.append(following)
-        pruned.update(t.seq for t in exchange)
+        taken.update(t.seq for t in exchange)
         newly.extend(exchange)
-    live = [t for t in live if t.seq not in pruned]
-    if not over(live):
-        return Compaction(frozenset(pruned), (), tuple(newly))
-    num_evicted = _num_to_evict(live, policy, message_tokens)
-    evicted = tuple(live[:num_evicted])
-    through = evicted[-1].seq if evicted else 0
-    return Compaction(frozenset(s for s in pruned if s > through), evicted, tuple(newly))
+    return newly
 
 
 def _num_to_evict(
@@ -106,10 +129,9 @@ def _num_to_evict(
     if len(live) > policy.max_messages:
         chunk = max(1, policy.eviction_chunk)
         by_count = math.ceil((len(live) - policy.max_messages) / chunk) * chunk
-    target = policy.token_budget * (1 - policy.eviction_share)
     remaining = sum(message_tokens(t.token_count) for t in live)
     by_tokens = 0
-    while by_tokens < len(live) and remaining > target:
+    while by_tokens < len(live) and remaining > policy.low_water_tokens:
         remaining -= message_tokens(live[by_tokens].token_count)
         by_tokens += 1
     return min(len(live), max(by_count, by_tokens))
