@@ -22,6 +22,7 @@ from retrieval.facts.service import PinnedFact
 from retrieval.protocols import WindowTurn
 from retrieval.smalltalk import is_small_talk
 from retrieval.summary import (
+    Compaction,
     ExtractiveSummarizer,
     LlmSummarizer,
     SummaryState,
@@ -102,6 +103,22 @@ def test_small_talk_is_pruned_before_anything_is_evicted() -> None:
     plan = plan_compaction(window, SummaryState(), tighter, one_token_overhead)
     assert sorted(plan.pruned_seqs) == [3, 4]
     assert [t.seq for t in plan.evicted] == [1, 2]  # then the oldest leave
+
+
+def test_too_many_messages_shed_a_whole_chunk_small_talk_first() -> None:
+    substance = "Explain momentum conservation in a collision of two carts."
+    window = [wt(i, substance) for i in range(1, 11)]
+    window[2:4] = [wt(3, "By the way, I just had lunch, a really nice ramen."), wt(4, "ok")]
+    window[6:8] = [wt(7, "Thanks!"), wt(8, "ok, got it")]
+    policy = WindowPolicy(8, 4, token_budget=1000, low_water_tokens=500)
+    plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
+    # 10 messages, at most 8: a chunk of 4 goes, all of it small talk, not one exchange.
+    assert (plan.evicted, sorted(plan.pruned_seqs)) == ((), [3, 4, 7, 8])
+    # Two more messages are within the budget again.
+    state = SummaryState(version=1, pruned_seqs=plan.pruned_seqs)
+    longer = [*window, wt(11, substance), wt(12, substance)]
+    unchanged = Compaction(plan.pruned_seqs)
+    assert plan_compaction(longer, state, policy, one_token_overhead) == unchanged
 
 
 def test_the_newest_messages_are_never_pruned() -> None:
