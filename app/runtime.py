@@ -280,7 +280,7 @@ async def build_runtime(
         WindowConfig(
             max_messages=settings.chat.recent_window_messages,
             eviction_chunk=settings.chat.window_eviction_chunk,
-            eviction_share=settings.chat.window_eviction_share,
+            low_water=settings.chat.window_low_water,
         ),
     )
     chat = ChatService(

@@ -70,12 +70,13 @@ class EngineSettings(BaseModel):
 class ChatSettings(BaseModel):
     system_prompt_file: Path = PROMPTS_DIR / "system.txt"
     retrieval_k: int = Field(5, ge=0, le=100)
-    # The recent window holds at most this many messages, and at most what its token
-    # budget allows; past either, small talk leaves first, then the oldest messages in
-    # one chunk (this many, or this share of the token budget), into the summary.
+    # The recent window holds at most this many messages, and at most what the other
+    # sections of the prompt leave it; past either, small talk leaves first, then the
+    # oldest messages in one chunk (a multiple of this many, or down to the low-water
+    # share of the window's room; see retrieval.window.WindowConfig), into the summary.
     recent_window_messages: int = Field(100, ge=0)
     window_eviction_chunk: int = Field(20, ge=1)
-    window_eviction_share: float = Field(0.25, gt=0, le=1)
+    window_low_water: float = Field(0.5, ge=0, le=1)
     # "extractive" needs no model; "llm" asks the engine (for capable engines).
     summarizer: Literal["extractive", "llm"] = "extractive"
     summary_prompt_file: Path = PROMPTS_DIR / "summarize.txt"

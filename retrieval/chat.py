@@ -23,6 +23,7 @@ from retrieval.context import (
     ContextBudget,
     ContextReport,
     RecentTurn,
+    RetrievedKnowledge,
     RetrievedMemory,
 )
 from retrieval.errors import EngineBusyError, InvalidInputError
@@ -35,7 +36,7 @@ from retrieval.summary import SummaryState
 from retrieval.text import is_blank
 from retrieval.timeutil import as_utc
 from retrieval.timing import StageClock, TurnTimings
-from retrieval.window import WindowKeeper, WindowView
+from retrieval.window import WindowKeeper, WindowView, view_of
 from storage.models import ChatSession, Message, SessionSummary, User
 from storage.repository import NewMessage, Store
 
@@ -113,6 +114,18 @@ class ImportedMessage:
     created_at: dt.datetime | None = None
     external_id: str | None = None
     image_caption: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What a turn's prompt shows besides the window: retrieved memories and knowledge,
+    and the pinned facts by where they go (see split_pinned)."""
+
+    memories: tuple[RetrievedMemory, ...]
+    knowledge: tuple[RetrievedKnowledge, ...]
+    in_system: tuple[PinnedFact, ...]
+    new_facts: tuple[PinnedFact, ...]
+    shown_before: tuple[PinnedFact, ...]
 
 
 TurnEvent = TurnStarted | TextDelta | TurnResult
@@ -352,8 +365,8 @@ class ChatService:
         persist: bool,
         message_id: int | None = None,
     ) -> AssembledContext:
-        """Keep the window within budget, search the user's past turns (less the window
-        and `exclude`), and assemble the prompt.
+        """Search the user's past turns (less the window and `exclude`) and knowledge,
+        keep the window within the room that leaves it, and assemble the prompt.
 
         A turn keeps its retrieved context with its message (`message_id`): later prompts
         re-insert it as sent, so each prompt extends the previous one.
@@ -364,45 +377,51 @@ class ChatService:
         budget = self._budget(params)
         pinned = await self._facts.pinned(chat.user_pk) if self._facts is not None else []
         state, turns = window
-        view = await self._windows.keep_within_budget(
+        # What this turn retrieves decides how much room the window has, so the window
+        # is kept within budget after the search; a compaction changes what is in view,
+        # and the search is done again.
+        view = view_of(state, turns)
+        found = await self._find(chat, tenant_id, vector, content, view, pinned, exclude, clock)
+        room = self._assembler.window_room(
+            new_message=content,
+            memories=found.memories,
+            budget=budget,
+            pinned=found.in_system,
+            summary=view.state.text,
+            knowledge=found.knowledge,
+            new_facts=found.new_facts,
+        )
+        kept = await self._windows.keep_within_budget(
             chat.id,
             state,
             turns,
             budget=budget,
+            room=room,
             pinned=pinned,
             content_tokens=self._engine.count_tokens(content),
             persist=persist,
         )
+        if kept.state != view.state:
+            view = kept
+            found = await self._find(chat, tenant_id, vector, content, view, pinned, exclude, clock)
         recent = [
             RecentTurn(t.message_id, t.role, t.name, t.text, t.token_count, t.note)
             for t in view.turns
         ]
-        # Turns in the window, and turns its earlier context notes show, are in view.
-        exclude = exclude | {t.message_id for t in view.turns}
-        exclude |= {i for t in view.turns for i in t.note_ids}
-        with clock.stage("search"):
-            hits, knowledge = await asyncio.gather(
-                self._memory.search(
-                    chat.user_pk, vector, self._config.retrieval_k, exclude, query=content
-                ),
-                self._knowledge_for(tenant_id, chat.user_pk, vector, self._config.knowledge_k),
-            )
-            memories = await self._memories(chat.user_pk, hits)
-        in_system, new_facts, shown_before = split_pinned(pinned, view)
         context = self._assembler.assemble(
             new_message=content,
-            memories=memories,
+            memories=found.memories,
             recent=recent,
             budget=budget,
-            pinned=in_system,
+            pinned=found.in_system,
             summary=view.state.text,
-            knowledge=[hit.retrieved() for hit in knowledge],
-            new_facts=new_facts,
+            knowledge=found.knowledge,
+            new_facts=found.new_facts,
         )
         report = replace(
             context.report,
             pinned_facts=tuple(
-                sorted([*context.report.pinned_facts, *shown_before], key=fact_order)
+                sorted([*context.report.pinned_facts, *found.shown_before], key=fact_order)
             ),
             summary_version=view.state.version,
             summary_through_seq=view.state.through_seq,
@@ -420,6 +439,40 @@ class ChatService:
         if previous is not None:
             report = replace(report, prefix_reuse=shared_prefix(previous, tokens))
         return replace(context, report=report)
+
+    async def _find(
+        self,
+        chat: ChatSession,
+        tenant_id: int,
+        vector: np.ndarray,
+        content: str,
+        view: WindowView,
+        pinned: Sequence[PinnedFact],
+        exclude: set[int],
+        clock: StageClock,
+    ) -> Found:
+        """This turn's memories and knowledge, and where each pinned fact goes, for the
+        window as `view` has it (its turns, and the turns its context notes show, are
+        not retrieved again)."""
+        user_pk = chat.user_pk
+        exclude = exclude | {t.message_id for t in view.turns}
+        exclude |= {i for t in view.turns for i in t.note_ids}
+        with clock.stage("search"):
+            hits, knowledge = await asyncio.gather(
+                self._memory.search(
+                    user_pk, vector, self._config.retrieval_k, exclude, query=content
+                ),
+                self._knowledge_for(tenant_id, user_pk, vector, self._config.knowledge_k),
+            )
+            memories = await self._memories(user_pk, hits)
+        in_system, new_facts, shown_before = split_pinned(pinned, view)
+        return Found(
+            memories=tuple(memories),
+            knowledge=tuple(hit.retrieved() for hit in knowledge),
+            in_system=tuple(in_system),
+            new_facts=tuple(new_facts),
+            shown_before=tuple(shown_before),
+        )
 
     async def _keep_turn_context(self, message_id: int, report: ContextReport) -> None:
         new_facts = report.new_facts

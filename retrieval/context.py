@@ -121,6 +121,18 @@ class ContextReport:
 
 
 @dataclass(frozen=True, slots=True)
+class _Selection:
+    """The sections of one prompt other than the recent window, and the room they leave it."""
+
+    system: ChatMessage
+    facts: tuple[PinnedFact, ...]
+    new_facts: tuple[PinnedFact, ...]
+    memories: tuple[RetrievedMemory, ...]
+    knowledge: tuple[RetrievedKnowledge, ...]
+    window_room: int
+
+
+@dataclass(frozen=True, slots=True)
 class AssembledContext:
     messages: tuple[ChatMessage, ...]
     report: ContextReport
@@ -197,6 +209,26 @@ class ContextAssembler:
                 f"{budget.context_window}-token context window",
             )
 
+    def window_room(
+        self,
+        *,
+        new_message: str,
+        memories: Sequence[RetrievedMemory],
+        budget: ContextBudget,
+        pinned: Sequence[PinnedFact] = (),
+        summary: str = "",
+        knowledge: Sequence[RetrievedKnowledge] = (),
+        new_facts: Sequence[PinnedFact] = (),
+    ) -> int:
+        """Tokens the recent window may take in this prompt: the prompt budget less what
+        the other sections take this turn, each within its share. A share a section
+        leaves unused (no knowledge documents, a short summary, few memories) is the
+        window's; `assemble` with the same arguments keeps a window this size whole."""
+        selection = self._select(
+            new_message, memories, budget, pinned, summary, knowledge, new_facts
+        )
+        return selection.window_room
+
     def assemble(
         self,
         *,
@@ -211,20 +243,14 @@ class ContextAssembler:
     ) -> AssembledContext:
         """`pinned` facts go into the system message; `new_facts` (pinned since the last
         compaction) into this turn's context, so the system message stays as it was."""
-        content_tokens = self._engine.count_tokens(new_message)
-        self.check_fits(content_tokens, budget)
+        self.check_fits(self._engine.count_tokens(new_message), budget)
         available = budget.available
-        chosen_facts = self.fit_facts(pinned, budget)
-        chosen_new = self.fit_facts(new_facts, budget, self._facts_cost(chosen_facts))
-        system = self.system_message(chosen_facts, summary)
-        fixed = self._engine.count_prompt_tokens([system]) + self.message_tokens(content_tokens)
-        chosen_memories = self._fit_memories(memories, budget.share(budget.memory_share))
-        chosen_knowledge = self._fit_knowledge(knowledge, budget.share(budget.knowledge_share))
-        per_turn = self._memory_section_tokens(chosen_memories)
-        per_turn += self._knowledge_section_tokens(chosen_knowledge)
-        if chosen_new:
-            per_turn += self.message_tokens(self._engine.count_tokens(_new_facts_text(chosen_new)))
-        chosen_recent = self._fit_recent(recent, available - fixed - per_turn)
+        selection = self._select(
+            new_message, memories, budget, pinned, summary, knowledge, new_facts
+        )
+        system, chosen_facts, chosen_new = selection.system, selection.facts, selection.new_facts
+        chosen_memories, chosen_knowledge = selection.memories, selection.knowledge
+        chosen_recent = self._fit_recent(recent, selection.window_room)
 
         def layout() -> list[ChatMessage]:
             return self._layout(
@@ -283,11 +309,43 @@ class ContextAssembler:
             return self._system
         return ChatMessage("system", "\n\n".join(parts))
 
-    def window_budget(
+    def _select(
+        self,
+        new_message: str,
+        memories: Sequence[RetrievedMemory],
+        budget: ContextBudget,
+        pinned: Sequence[PinnedFact],
+        summary: str,
+        knowledge: Sequence[RetrievedKnowledge],
+        new_facts: Sequence[PinnedFact],
+    ) -> _Selection:
+        """Every section but the window, each fitted to its share, and what they leave."""
+        chosen_facts = self.fit_facts(pinned, budget)
+        chosen_new = self.fit_facts(new_facts, budget, self._facts_cost(chosen_facts))
+        system = self.system_message(chosen_facts, summary)
+        content_tokens = self._engine.count_tokens(new_message)
+        fixed = self._engine.count_prompt_tokens([system]) + self.message_tokens(content_tokens)
+        chosen_memories = self._fit_memories(memories, budget.share(budget.memory_share))
+        chosen_knowledge = self._fit_knowledge(knowledge, budget.share(budget.knowledge_share))
+        per_turn = self._memory_section_tokens(chosen_memories)
+        per_turn += self._knowledge_section_tokens(chosen_knowledge)
+        if chosen_new:
+            per_turn += self.message_tokens(self._engine.count_tokens(_new_facts_text(chosen_new)))
+        return _Selection(
+            system=system,
+            facts=tuple(chosen_facts),
+            new_facts=tuple(chosen_new),
+            memories=tuple(chosen_memories),
+            knowledge=tuple(chosen_knowledge),
+            window_room=budget.available - fixed - per_turn,
+        )
+
+    def window_budget_at_full_shares(
         self, budget: ContextBudget, facts: Sequence[PinnedFact], content_tokens: int
     ) -> int:
         """Tokens the recent window may hold with the summary, memories and knowledge at
-        their full shares: a threshold that moves only when the pinned facts do."""
+        their full shares: a window this size fits whatever the turn retrieves and
+        however the summary grows (the most a compaction may leave)."""
         system = self._engine.count_prompt_tokens([self.system_message(facts, "")])
         return (
             budget.available

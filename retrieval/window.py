@@ -21,7 +21,15 @@ from storage.summaries import SummaryStore
 class WindowConfig:
     max_messages: int = 100
     eviction_chunk: int = 20
-    eviction_share: float = 0.25
+    # A compaction leaves the window at most this share of its room (its low-water mark).
+    # The compacting turn's prompt is computed afresh from the summary on (about the
+    # low-water window's tokens), and the window then grows for (1 - share) of its
+    # room before the next one: spread over those turns, that recomputation is
+    # share / (1 - share) times what the turns add themselves. At 0.5 it is once as
+    # much, and the window holds three quarters of its room verbatim on average over a
+    # cycle; shedding a quarter (0.75) would cost three times as much, compacting twice as
+    # often; 0.25 a third as much, but with five eighths of the room verbatim.
+    low_water: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,23 +98,32 @@ class WindowKeeper:
         window: Sequence[WindowTurn],
         *,
         budget: ContextBudget,
+        room: int,
         pinned: Sequence[PinnedFact],
         content_tokens: int,
         persist: bool,
     ) -> WindowView:
-        """Prune and compact if over budget; a turn stores the new summary version, a
-        preview only computes it."""
+        """Prune and compact if the window is over `room` (what the prompt leaves it this
+        turn, see ContextAssembler.window_room) or over its message count; a turn stores
+        the new summary version, a preview only computes it.
+
+        A compaction brings the window down to its low-water mark: the configured share
+        of `room`, and never more than a window that fits with every other section at its
+        full share, so the prompt of the compacting turn, with its grown summary and
+        whatever it retrieves, keeps the whole window.
+        """
+        at_full_shares = self._assembler.window_budget_at_full_shares(
+            budget, self._assembler.fit_facts(pinned, budget), content_tokens
+        )
         policy = WindowPolicy(
             max_messages=self._config.max_messages,
             eviction_chunk=self._config.eviction_chunk,
-            token_budget=self._assembler.window_budget(
-                budget, self._assembler.fit_facts(pinned, budget), content_tokens
-            ),
-            eviction_share=self._config.eviction_share,
+            token_budget=room,
+            low_water_tokens=max(0, min(int(room * self._config.low_water), at_full_shares)),
         )
         plan = plan_compaction(window, state, policy, self._assembler.message_tokens)
         if not plan.evicted and plan.pruned_seqs == state.pruned_seqs:
-            return _view(state, window)
+            return view_of(state, window)
         text = state.text
         if plan.evicted:
             limit = budget.share(budget.summary_share)
@@ -123,7 +140,7 @@ class WindowKeeper:
         )
         if persist:
             await self._store(session_id, new_state)
-        return _view(new_state, window)
+        return view_of(new_state, window)
 
     async def _store(self, session_id: str, state: SummaryState) -> None:
         try:
@@ -143,7 +160,8 @@ class WindowKeeper:
             return
 
 
-def _view(state: SummaryState, window: Sequence[WindowTurn]) -> WindowView:
+def view_of(state: SummaryState, window: Sequence[WindowTurn]) -> WindowView:
+    """The window as `state` leaves it: the turns after the summary, less pruned ones."""
     live = tuple(t for t in window if t.seq > state.through_seq and t.seq not in state.pruned_seqs)
     pruned = tuple(
         t.message_id for t in window if t.seq > state.through_seq and t.seq in state.pruned_seqs

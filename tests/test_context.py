@@ -101,3 +101,26 @@ def test_unstable_layout_puts_memories_before_the_recent_window() -> None:
     assert sections.recent == 2 * (3 + 3)
     assert sections.memories == len(context.messages[1].content.split()) + 3
     assert sum(vars_of(sections).values()) == context.report.prompt_tokens
+
+
+def test_the_window_gets_the_shares_the_other_sections_leave_unused(
+    assembler: ContextAssembler,
+) -> None:
+    budget = ContextBudget(200, reply_tokens=50, knowledge_share=0.2)
+    # 150 prompt tokens less the system prompt (7) and the message (2 + 3): no summary,
+    # memories, knowledge or facts this turn, so their shares are the window's.
+    assert assembler.window_room(new_message="hi there", memories=[], budget=budget) == 138
+    # Reserved at their full shares, they would have left it 138 - 15 - 37 - 30.
+    assert assembler.window_budget_at_full_shares(budget, [], 2) == 56
+    # A memory takes what its section actually takes: its header and line, 18 + 3.
+    tea = [memory(1, "I like tea", 0.9)]
+    assert assembler.window_room(new_message="hi there", memories=tea, budget=budget) == 117
+    # A window of exactly that room is kept whole, and the prompt is then exactly full.
+    fits = [turn(1, 14), *(turn(i, 20) for i in range(2, 6)), turn(6, 5)]  # 17 + 4 x 23 + 8
+    context = assembler.assemble(new_message="hi there", memories=tea, recent=fits, budget=budget)
+    assert context.report.recent_message_ids == (1, 2, 3, 4, 5, 6)
+    assert context.report.prompt_tokens == 150
+    # One token more and the oldest turn no longer fits.
+    over = [turn(1, 15), *fits[1:]]
+    context = assembler.assemble(new_message="hi there", memories=tea, recent=over, budget=budget)
+    assert context.report.recent_message_ids == (2, 3, 4, 5, 6)

@@ -22,6 +22,7 @@ from retrieval.facts.service import PinnedFact
 from retrieval.protocols import WindowTurn
 from retrieval.smalltalk import is_small_talk
 from retrieval.summary import (
+    Compaction,
     ExtractiveSummarizer,
     LlmSummarizer,
     SummaryState,
@@ -49,22 +50,39 @@ def one_token_overhead(tokens: int) -> int:
 
 def test_a_window_within_budget_is_left_alone() -> None:
     window = [wt(i, words(5)) for i in range(1, 5)]
-    plan = plan_compaction(window, SummaryState(), WindowPolicy(4, 2, 100), one_token_overhead)
+    plan = plan_compaction(window, SummaryState(), WindowPolicy(4, 2, 100, 50), one_token_overhead)
     assert (plan.evicted, plan.pruned_seqs) == ((), frozenset())
 
 
 def test_too_many_messages_leave_in_whole_chunks() -> None:
     window = [wt(i, words(1)) for i in range(1, 10)]  # 9 messages, at most 6
-    plan = plan_compaction(window, SummaryState(), WindowPolicy(6, 4, 1000), one_token_overhead)
+    plan = plan_compaction(
+        window, SummaryState(), WindowPolicy(6, 4, 1000, 500), one_token_overhead
+    )
     assert [t.seq for t in plan.evicted] == [1, 2, 3, 4]
     assert plan.through_seq == 4
 
 
-def test_too_many_tokens_shed_down_to_three_quarters_of_the_budget() -> None:
+def test_too_many_tokens_shed_down_to_the_low_water_mark() -> None:
     window = [wt(i, words(9)) for i in range(1, 11)]  # 10 x 10 tokens, budget 80
-    policy = WindowPolicy(100, 1, token_budget=80, eviction_share=0.25)
+    policy = WindowPolicy(100, 1, token_budget=80, low_water_tokens=45)
     plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
-    assert [t.seq for t in plan.evicted] == [1, 2, 3, 4]  # 60 tokens left <= 60
+    assert [t.seq for t in plan.evicted] == [1, 2, 3, 4, 5, 6]  # 40 tokens left <= 45
+
+
+def test_after_a_compaction_the_window_grows_to_its_budget_before_the_next() -> None:
+    policy = WindowPolicy(100, 1, token_budget=100, low_water_tokens=50)
+    state, window, compacted_at = SummaryState(), [], []
+    for seq in range(1, 31):  # one 10-token message a turn
+        plan = plan_compaction(window, state, policy, one_token_overhead)
+        if plan.evicted:
+            compacted_at.append(seq)
+            state = SummaryState(version=state.version + 1, through_seq=plan.through_seq or 0)
+            window = [t for t in window if t.seq > state.through_seq]
+            assert sum(t.token_count + 1 for t in window) == 50
+        window.append(wt(seq, words(9)))
+    # 11 messages (110 tokens) are over 100; 50 are left, and 6 more turns are over again.
+    assert compacted_at == [12, 18, 24, 30]
 
 
 def test_small_talk_is_pruned_before_anything_is_evicted() -> None:
@@ -77,19 +95,35 @@ def test_small_talk_is_pruned_before_anything_is_evicted() -> None:
         wt(6, "In a closed system the total momentum before equals the total after."),
     ]
     tokens = sum(t.token_count + 1 for t in window)
-    policy = WindowPolicy(100, 1, token_budget=tokens - 5)
+    policy = WindowPolicy(100, 1, token_budget=tokens - 5, low_water_tokens=tokens - 15)
     plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
-    # The small-talk exchange goes as a whole, and that is enough.
+    # The small-talk exchange (17 tokens) goes as a whole, and that is enough.
     assert (plan.evicted, sorted(plan.pruned_seqs)) == ((), [3, 4])
-    tighter = WindowPolicy(100, 1, token_budget=tokens - 30)
+    tighter = WindowPolicy(100, 1, token_budget=tokens - 5, low_water_tokens=tokens - 30)
     plan = plan_compaction(window, SummaryState(), tighter, one_token_overhead)
     assert sorted(plan.pruned_seqs) == [3, 4]
     assert [t.seq for t in plan.evicted] == [1, 2]  # then the oldest leave
 
 
+def test_too_many_messages_shed_a_whole_chunk_small_talk_first() -> None:
+    substance = "Explain momentum conservation in a collision of two carts."
+    window = [wt(i, substance) for i in range(1, 11)]
+    window[2:4] = [wt(3, "By the way, I just had lunch, a really nice ramen."), wt(4, "ok")]
+    window[6:8] = [wt(7, "Thanks!"), wt(8, "ok, got it")]
+    policy = WindowPolicy(8, 4, token_budget=1000, low_water_tokens=500)
+    plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
+    # 10 messages, at most 8: a chunk of 4 goes, all of it small talk, not one exchange.
+    assert (plan.evicted, sorted(plan.pruned_seqs)) == ((), [3, 4, 7, 8])
+    # Two more messages are within the budget again.
+    state = SummaryState(version=1, pruned_seqs=plan.pruned_seqs)
+    longer = [*window, wt(11, substance), wt(12, substance)]
+    unchanged = Compaction(plan.pruned_seqs)
+    assert plan_compaction(longer, state, policy, one_token_overhead) == unchanged
+
+
 def test_the_newest_messages_are_never_pruned() -> None:
     window = [wt(1, words(20)), wt(2, "thanks!"), wt(3, "ok")]
-    policy = WindowPolicy(100, 1, token_budget=10, keep_last=2)
+    policy = WindowPolicy(100, 1, token_budget=10, low_water_tokens=10, keep_last=2)
     plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
     assert [t.seq for t in plan.evicted] == [1, 2, 3] or 2 not in plan.pruned_seqs
 
@@ -199,7 +233,11 @@ def pruning_settings(tmp_path: Path, sqlite_url: str) -> Settings:
         data_dir=tmp_path / "data",
         database_url=sqlite_url,
         chat=ChatSettings(
-            system_prompt_file=prompt, memory_share=0.0, facts_share=0.0, summary_share=0.1
+            system_prompt_file=prompt,
+            memory_share=0.0,
+            facts_share=0.0,
+            summary_share=0.1,
+            window_low_water=0.75,
         ),
         knowledge=KnowledgeSettings(share=0.0),
     )
@@ -215,7 +253,8 @@ async def test_small_talk_is_pruned_and_the_physics_request_stays(
         "Let us check your numbers step by step.",
     ]
     # A context so small that the fourth turn's window (75 tokens of the scripted engine)
-    # is over its budget (65), and fits again without the small talk (54).
+    # is over its room (102 prompt tokens less 7 of system prompt and 23 of message: 72),
+    # and without the small talk (21) is at its low-water mark (three quarters: 54).
     engine = ScriptedEngine(replies, context_window=122)
     app = create_app(pruning_settings(tmp_path, sqlite_url), embedder=HashEmbedder(), engine=engine)
     async with AsyncTestClient(app=app) as client:
