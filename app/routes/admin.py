@@ -40,7 +40,7 @@ from storage.admin import ErasedUser, UserCounts
 from storage.errors import NotFoundError
 from storage.facts import STATUSES
 from storage.knowledge import scope_of
-from storage.models import Message
+from storage.models import Fact, Message, User
 from storage.repository import Store
 from storage.summaries import SummaryStore
 
@@ -112,6 +112,59 @@ async def audit(
     access: AccessStore, principal: Principal, action: str, target: str, **detail: Any
 ) -> None:
     await access.record(principal.actor, action, target, detail)
+
+
+async def correct_fact(
+    fact_memory: FactMemory,
+    access: AccessStore,
+    principal: Principal,
+    before: Fact,
+    user: User,
+    *,
+    text: str | None,
+    is_pinned: bool | None,
+    priority: int | None,
+) -> Fact:
+    """An admin's correction of a fact, in the fact's history and in the audit log."""
+    fact = await fact_memory.update_fact(
+        before.id, text=text, is_pinned=is_pinned, priority=priority, actor=principal.actor[:64]
+    )
+    await audit(
+        access,
+        principal,
+        "fact.update",
+        f"fact {before.id} of user {user.id}",
+        before={"text": before.text, "pinned": before.is_pinned, "priority": before.priority},
+        after={"text": fact.text, "pinned": fact.is_pinned, "priority": fact.priority},
+    )
+    return fact
+
+
+async def remove_fact(
+    fact_memory: FactMemory, access: AccessStore, principal: Principal, fact_id: int
+) -> User:
+    """An admin's deletion of a fact, audited; returns the fact's user."""
+    fact, user = await fact_memory.store.get_fact(fact_id)
+    await fact_memory.delete_fact(fact_id, principal.actor[:64])
+    await audit(
+        access, principal, "fact.delete", f"fact {fact_id} of user {user.id}", text=fact.text
+    )
+    return user
+
+
+async def erase(
+    operations: MemoryOperations, access: AccessStore, principal: Principal, user_pk: int
+) -> body.Erased:
+    """An admin's erasure of a user, audited with what was removed."""
+    report = erased_body(await operations.erase_user(user_pk))
+    await audit(
+        access,
+        principal,
+        "user.erase",
+        f"user {user_pk} ({report.user_id!r}, tenant {report.tenant_id})",
+        removed=report.removed,
+    )
+    return report
 
 
 class AdminController(Controller):
@@ -248,20 +301,15 @@ class AdminController(Controller):
         """Correct a fact's text, pin or unpin it, or change its priority."""
         data = await strict_body(request, schemas.FactUpdate)
         before, user = await fact_memory.store.get_fact(fact_id)
-        fact = await fact_memory.update_fact(
-            fact_id,
+        fact = await correct_fact(
+            fact_memory,
+            access,
+            principal,
+            before,
+            user,
             text=data.text,
             is_pinned=data.pinned,
             priority=data.priority,
-            actor=principal.actor[:64],
-        )
-        await audit(
-            access,
-            principal,
-            "fact.update",
-            f"fact {fact_id} of user {user.id}",
-            before={"text": before.text, "pinned": before.is_pinned, "priority": before.priority},
-            after={"text": fact.text, "pinned": fact.is_pinned, "priority": fact.priority},
         )
         return fact_body(fact, user.external_id)
 
@@ -273,11 +321,7 @@ class AdminController(Controller):
         access: NamedDependency[AccessStore],
         principal: NamedDependency[Principal],
     ) -> None:
-        fact, user = await fact_memory.store.get_fact(fact_id)
-        await fact_memory.delete_fact(fact_id, principal.actor[:64])
-        await audit(
-            access, principal, "fact.delete", f"fact {fact_id} of user {user.id}", text=fact.text
-        )
+        await remove_fact(fact_memory, access, principal, fact_id)
 
     @delete("/users/{user_pk:int}", status_code=HTTP_200_OK, responses=problems(401, 403, 404, 503))
     async def erase_user(
@@ -288,15 +332,7 @@ class AdminController(Controller):
         principal: NamedDependency[Principal],
     ) -> body.Erased:
         """Erase the user: every row in SQL and every vector, then what was removed."""
-        report = erased_body(await operations.erase_user(user_pk))
-        await audit(
-            access,
-            principal,
-            "user.erase",
-            f"user {user_pk} ({report.user_id!r}, tenant {report.tenant_id})",
-            removed=report.removed,
-        )
-        return report
+        return await erase(operations, access, principal, user_pk)
 
     @post(
         "/users/{user_pk:int}/reindex",

@@ -19,7 +19,7 @@ from litestar.response import Redirect, Template
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
 from app.access import ADMIN_COOKIE, AccessGate, Principal, admin_only
-from app.routes.admin import audit, erased_body
+from app.routes.admin import correct_fact, erase, remove_fact
 from retrieval.chat import ChatService
 from retrieval.errors import InvalidInputError
 from retrieval.facts.service import FactMemory
@@ -199,20 +199,15 @@ class AdminPageController(Controller):
         text = data.get("text")
         priority = _priority(data.get("priority"))
         pinned = {"pin": True, "unpin": False}.get(data.get("action", ""))
-        fact = await fact_memory.update_fact(
-            fact_id,
+        await correct_fact(
+            fact_memory,
+            access,
+            principal,
+            before,
+            user,
             text=text if text and text != before.text else None,
             is_pinned=pinned,
             priority=priority,
-            actor=principal.actor[:64],
-        )
-        await audit(
-            access,
-            principal,
-            "fact.update",
-            f"fact {fact_id} of user {user.id}",
-            before={"text": before.text, "pinned": before.is_pinned, "priority": before.priority},
-            after={"text": fact.text, "pinned": fact.is_pinned, "priority": fact.priority},
         )
         return _back(data.get("back") or f"/admin/users/{user.id}")
 
@@ -225,11 +220,7 @@ class AdminPageController(Controller):
         access: NamedDependency[AccessStore],
         principal: NamedDependency[Principal],
     ) -> Redirect:
-        fact, user = await fact_memory.store.get_fact(fact_id)
-        await fact_memory.delete_fact(fact_id, principal.actor[:64])
-        await audit(
-            access, principal, "fact.delete", f"fact {fact_id} of user {user.id}", text=fact.text
-        )
+        user = await remove_fact(fact_memory, access, principal, fact_id)
         return _back(data.get("back") or f"/admin/users/{user.id}")
 
     @post("/users/{user_pk:int}/erase", status_code=HTTP_303_SEE_OTHER)
@@ -240,14 +231,7 @@ class AdminPageController(Controller):
         access: NamedDependency[AccessStore],
         principal: NamedDependency[Principal],
     ) -> Redirect:
-        report = erased_body(await operations.erase_user(user_pk))
-        await audit(
-            access,
-            principal,
-            "user.erase",
-            f"user {user_pk} ({report.user_id!r}, tenant {report.tenant_id})",
-            removed=report.removed,
-        )
+        await erase(operations, access, principal, user_pk)
         return _back("/admin")
 
 
