@@ -40,7 +40,7 @@ from storage.admin import ErasedUser, UserCounts
 from storage.errors import NotFoundError
 from storage.facts import STATUSES
 from storage.knowledge import scope_of
-from storage.models import Fact, Message, User
+from storage.models import ChatSession, Fact, Message, User
 from storage.repository import Store
 from storage.summaries import SummaryStore
 
@@ -222,7 +222,7 @@ class AdminController(Controller):
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> body.AdminMessageList:
         """A conversation with, for each user turn, the context it was sent with."""
-        await _session_of_user(store, user_pk, session_id)
+        await session_of_user(store, user_pk, session_id)
         rows = await store.list_messages(session_id, limit=limit, after_seq=after_seq)
         return body.AdminMessageList(messages=[admin_message_body(r) for r in rows])
 
@@ -409,7 +409,9 @@ class AdminController(Controller):
         )
 
 
-async def _session_of_user(store: Store, user_pk: int, session_id: str) -> None:
-    _chat, user = await store.get_session(session_id)
+async def session_of_user(store: Store, user_pk: int, session_id: str) -> tuple[ChatSession, User]:
+    """The session, if it is this user's; another user's is as missing as none."""
+    chat, user = await store.get_session(session_id)
     if user.id != user_pk:
         raise NotFoundError("session", session_id)
+    return chat, user

@@ -19,13 +19,12 @@ from litestar.response import Redirect, Template
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
 from app.access import ADMIN_COOKIE, AccessGate, Principal, admin_only
-from app.routes.admin import correct_fact, erase, remove_fact
+from app.routes.admin import correct_fact, erase, remove_fact, session_of_user
 from retrieval.chat import ChatService
 from retrieval.errors import InvalidInputError
 from retrieval.facts.service import FactMemory
 from retrieval.operations import MemoryOperations
 from storage.access import AccessStore
-from storage.errors import NotFoundError
 from storage.facts import STATUSES
 from storage.repository import Store
 from storage.summaries import SummaryStore
@@ -156,9 +155,7 @@ class AdminPageController(Controller):
     ) -> Template:
         """A conversation beside the facts and summaries derived from it; each user turn
         shows the memories, knowledge and facts it was sent with."""
-        chat, user = await store.get_session(session_id)
-        if user.id != user_pk:
-            raise NotFoundError("session", session_id)
+        chat, user = await session_of_user(store, user_pk, session_id)
         messages = await store.list_messages(session_id, limit=10_000, after_seq=0)
         memory_ids = {i for m in messages for i in (m.context_note_ids or [])}
         memories = {m.id: m for m in await store.list_messages_by_id(user.id, sorted(memory_ids))}
