@@ -25,6 +25,7 @@ from retrieval.facts.worker import FactWorker
 from retrieval.knowledge import KnowledgeBase, KnowledgeConfig
 from retrieval.lexical import Feedback
 from retrieval.memory import RetrievalConfig, TurnMemory
+from retrieval.neighbours import NeighbourConfig
 from retrieval.operations import MemoryOperations
 from retrieval.protocols import (
     Embedder,
@@ -191,6 +192,7 @@ def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
         mode=settings.mode,
         dense_text=TextRecipe(**settings.dense_text.model_dump()),
         lexical_text=TextRecipe(**settings.lexical_text.model_dump()),
+        fusion=settings.fusion,
         num_candidates=settings.num_candidates,
         rrf_c=settings.rrf_c,
         dense_weight=settings.dense_weight,
@@ -203,6 +205,11 @@ def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
             min_corpus=settings.feedback_min_turns,
         ),
         context_weight=settings.context_weight,
+        neighbours=NeighbourConfig(
+            num_neighbours=settings.neighbour_words,
+            min_similarity=settings.neighbour_min_similarity,
+            weight=settings.neighbour_weight,
+        ),
     )
 
 

@@ -125,6 +125,8 @@ class TurnTextSettings(BaseModel):
     date: bool = False
     caption: bool = False
     previous: int = Field(0, ge=0, le=5)
+    # Dense only: words per window, each embedded apart, the turn's vector their mean.
+    window: int = Field(0, ge=0, le=256)
 
 
 class RetrievalSettings(BaseModel):
@@ -132,13 +134,16 @@ class RetrievalSettings(BaseModel):
     others (bench/RESULTS.md); changing `dense_text` needs `memchat reindex`."""
 
     mode: Literal["dense", "lexical", "hybrid"] = "hybrid"
-    dense_text: TurnTextSettings = TurnTextSettings(speaker=True)
+    dense_text: TurnTextSettings = TurnTextSettings(speaker=True, window=8)
     lexical_text: TurnTextSettings = TurnTextSettings(
         speaker=True, date=True, caption=True, previous=2
     )
+    # zscore: weighted standardised scores, every candidate scored by both retrievers;
+    # rrf: weighted reciprocal rank (constant rrf_c).
+    fusion: Literal["zscore", "rrf"] = "zscore"
     num_candidates: int = Field(100, ge=1)
     rrf_c: float = Field(60.0, gt=0)
-    dense_weight: float = Field(0.25, ge=0)
+    dense_weight: float = Field(0.7, ge=0)
     lexical_weight: float = Field(1.0, ge=0)
     # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
     duplicate_threshold: float = Field(0.9, gt=0)
@@ -149,6 +154,11 @@ class RetrievalSettings(BaseModel):
     feedback_min_turns: int = Field(50, ge=0)
     # Terms of the neighbouring turns count this much in a turn's lexical document.
     context_weight: float = Field(0.5, ge=0, le=1)
+    # Each English query word brings this many related words of the user's own
+    # vocabulary (cosine >= neighbour_min_similarity) at neighbour_weight x cosine.
+    neighbour_words: int = Field(3, ge=0, le=20)
+    neighbour_min_similarity: float = Field(0.5, ge=-1, le=1)
+    neighbour_weight: float = Field(0.3, ge=0, le=1)
 
 
 class AccessSettings(BaseModel):

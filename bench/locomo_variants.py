@@ -11,25 +11,29 @@ then measures the chosen ones through the API.
         "mode=lexical lexical=speaker+date+caption+previous1 feedback=3,10,0.3" ...
 
 A variant is space-separated key=value: mode (dense|lexical|hybrid), dense and lexical
-(recipes: raw or parts joined by +: speaker, date, caption, previousN), wd, wl (weights),
-c (RRF constant), cw (weight of context terms in BM25), cand (candidates per list), dedup
-(Jaccard threshold), k1, b, and feedback=docs,terms,weight.
+(recipes: raw or parts joined by +: speaker, date, caption, previousN, windowN), fusion
+(rrf|zscore), wd, wl (weights), c (RRF constant), cw (weight of context terms in BM25),
+cand (candidates per list), dedup (Jaccard threshold), k1, b, feedback=docs,terms,weight
+and nb=neighbours,min_similarity,weight (related-word expansion).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from locomo import CATEGORIES, DATA, normalise_evidence, normalise_id, sessions_of
 
-from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion
+from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion, standardised_fusion
 from retrieval.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.neighbours import NeighbourConfig, WordNeighbours
 from retrieval.protocols import ScoredId
-from retrieval.turn_text import TextRecipe, TurnText, indexed_parts, indexed_texts
+from retrieval.turn_text import TextRecipe, TurnText, dense_texts, indexed_parts
 
 KS = (5, 10, 20)
 SPLITS = {"tune": ("conv-26", "conv-44"), "held-out": ("conv-48", "conv-50")}
@@ -68,7 +72,8 @@ def recipe(spec: str) -> TextRecipe:
         return TextRecipe()
     parts = spec.split("+")
     previous = next((int(p.removeprefix("previous")) for p in parts if "previous" in p), 0)
-    return TextRecipe("speaker" in parts, "date" in parts, "caption" in parts, previous)
+    window = next((int(p.removeprefix("window")) for p in parts if "window" in p), 0)
+    return TextRecipe("speaker" in parts, "date" in parts, "caption" in parts, previous, window)
 
 
 class Vectors:
@@ -78,6 +83,7 @@ class Vectors:
         self._cache = cache
         self._conversations = conversations
         self._embedder = None
+        self._words: dict[str, np.ndarray] = {}
         cache.mkdir(parents=True, exist_ok=True)
 
     def _embed(self, name: str, texts: list[str]) -> np.ndarray:
@@ -89,23 +95,59 @@ class Vectors:
             from retrieval.embedders.sentence_transformers import default_model_path
 
             self._embedder = OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", self._cache)
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
         vectors = self._embedder.embed(texts)
         np.save(path, vectors)
         return vectors
 
     def turns(self, spec: str) -> np.ndarray:
-        texts = [
-            text
+        """One vector per turn: the normalised mean of its dense pieces' vectors."""
+        pieces = [
+            texts
             for _, turns, _ in self._conversations
-            for text in indexed_texts(recipe(spec), [t for _, t in turns])
+            for texts in dense_texts(recipe(spec), [t for _, t in turns])
         ]
-        return self._embed(f"turns-{spec}", texts)
+        flat = self._embed(f"turns-{spec}", [text for texts in pieces for text in texts])
+        bounds = np.cumsum([0, *(len(texts) for texts in pieces)])
+        means = np.add.reduceat(flat, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
+        return means / np.linalg.norm(means, axis=1, keepdims=True)
+
+    async def words(self, words: Sequence[str]) -> np.ndarray:
+        """Word vectors for the related-word expansion, cached across variants."""
+        if not self._words and (self._cache / "words.json").exists():
+            names = json.loads((self._cache / "words.json").read_text())
+            self._words = dict(zip(names, np.load(self._cache / "words.npy"), strict=True))
+        missing = [w for w in words if w not in self._words]
+        if missing:
+            self._embed("none", [])  # loads the embedder
+            self._words.update(zip(missing, self._embedder.embed(missing), strict=True))
+            names = list(self._words)
+            np.save(self._cache / "words.npy", np.stack([self._words[w] for w in names]))
+            (self._cache / "words.json").write_text(json.dumps(names))
+        return np.stack([self._words[w] for w in words])
 
     def questions(self) -> np.ndarray:
         return self._embed("questions", [q for _, _, qs in self._conversations for q, _ in qs])
 
 
 def evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[str, list]:
+    return asyncio.run(_evaluate(variant, conversations, vectors))
+
+
+def _options(variant: dict[str, str]) -> tuple[Feedback | None, NeighbourConfig]:
+    feedback = None
+    if "feedback" in variant:
+        docs, terms, weight = variant["feedback"].split(",")
+        feedback = Feedback(int(docs), int(terms), float(weight))
+    neighbours = NeighbourConfig()
+    if "nb" in variant:
+        count, similarity, weight = variant["nb"].split(",")
+        neighbours = NeighbourConfig(int(count), float(similarity), float(weight))
+    return feedback, neighbours
+
+
+async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[str, list]:
     mode = variant.get("mode", "hybrid")
     cand, c = int(variant.get("cand", 100)), float(variant.get("c", 60))
     weights = [float(variant.get("wd", 1)), float(variant.get("wl", 1))]
@@ -113,19 +155,15 @@ def evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[s
     docs, offsets = 0, 0
     matrix = vectors.turns(variant.get("dense", "raw")) if mode != "lexical" else None
     queries = vectors.questions()
-    feedback = (
-        Feedback(
-            *[t(v) for t, v in zip((int, int, float), variant["feedback"].split(","), strict=True)]
-        )
-        if "feedback" in variant
-        else None
-    )
+    feedback, neighbour_config = _options(variant)
     results: dict[str, list] = {}
     for sample_id, turns, questions in conversations:
         k1, b = float(variant.get("k1", 1.2)), float(variant.get("b", 0.75))
         lexical = LexicalIndex(k1, b, feedback, float(variant.get("cw", 1)))
         parts = indexed_parts(recipe(variant.get("lexical", "raw")), [t for _, t in turns])
         lexical.add(1, list(range(len(turns))), [p[0] for p in parts], [p[1] for p in parts])
+        neighbours = WordNeighbours(neighbour_config)
+        neighbours.add(1, [f"{t.content} {t.image_caption or ''}" for _, t in turns])
         prints = [frozenset(tokenize(t.content)) for _, t in turns]
         recalls = []
         for position, (question, gold) in enumerate(questions):
@@ -136,9 +174,18 @@ def evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[s
                     [ScoredId(int(i), float(scores[i])) for i in np.argsort(-scores)[:cand]]
                 )
             if mode != "dense":
-                rankings.append(lexical.search(1, question, cand))
+                related = await neighbours.expand(1, question, vectors.words)
+                terms = lexical.query_weights(1, question, related)
+                rankings.append(lexical.rank(1, terms, cand))
             if len(rankings) == 1:
                 ranked = rankings[0]
+            elif variant.get("fusion", "rrf") == "zscore":
+                candidates = {hit.id for ranking in rankings for hit in ranking}
+                exact = [
+                    {i: float(scores[i]) for i in candidates},
+                    lexical.scores(1, terms, candidates),
+                ]
+                ranked = standardised_fusion(rankings, exact, weights)
             else:
                 ranked = reciprocal_rank_fusion(rankings, weights, c)
             if dedup <= 1:

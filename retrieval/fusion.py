@@ -1,12 +1,19 @@
 """Merging ranked lists (dense and lexical) into one, and dropping near-duplicates.
 
 Reciprocal-rank fusion needs no score calibration between retrievers whose scores live
-on unrelated scales (cosine vs BM25): each list contributes weight / (c + rank).
+on unrelated scales (cosine vs BM25): each list contributes weight / (c + rank). But it
+throws the scores away: a turn that one retriever finds far better than all others
+counts no more than one that barely leads. Standardised-score fusion keeps them: each
+retriever's scores are turned into z-scores over its own hit list (how far above its
+typical hit a candidate stands), every candidate is scored by every retriever exactly
+(not only those in its list), and the weighted z-scores are summed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+
+import numpy as np
 
 from retrieval.protocols import ScoredId
 
@@ -26,6 +33,31 @@ def reciprocal_rank_fusion(
             best_rank[hit.id] = min(best_rank.get(hit.id, rank), rank)
     order = sorted(scores, key=lambda i: (-scores[i], best_rank[i], i))
     return [ScoredId(i, scores[i]) for i in order]
+
+
+def standardised_fusion(
+    rankings: Sequence[Sequence[ScoredId]],
+    scores: Sequence[Mapping[int, float]],
+    weights: Sequence[float],
+) -> list[ScoredId]:
+    """Fused ranking of the candidates (every id of `rankings`), best first.
+
+    `rankings[i]` is retriever i's own hit list, whose scores give the mean and spread
+    its scores are standardised by; `scores[i]` is its exact score of each candidate
+    (a candidate it cannot score counts as its lowest hit). A retriever whose hits all
+    score the same adds nothing. Ties go to the lower id.
+    """
+    candidates = sorted({hit.id for ranking in rankings for hit in ranking})
+    fused = np.zeros(len(candidates))
+    for ranking, exact, weight in zip(rankings, scores, weights, strict=True):
+        own = np.array([hit.score for hit in ranking])
+        if len(own) < 2 or not np.ptp(own):
+            continue
+        floor = float(own.min())
+        values = np.array([exact.get(i, floor) for i in candidates])
+        fused += weight * (values - own.mean()) / own.std()
+    order = np.lexsort((np.array(candidates), -fused))
+    return [ScoredId(candidates[i], float(fused[i])) for i in order]
 
 
 def drop_near_duplicates(

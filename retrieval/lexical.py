@@ -17,7 +17,7 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -61,6 +61,16 @@ def tokenize(text: str) -> list[str]:
         elif piece not in STOP_WORDS:
             tokens.append(_stem(piece) if piece.isascii() else piece)
     return tokens
+
+
+def word_terms(text: str) -> dict[str, str]:
+    """The English words of a text worth relating to others (not stop words, at least
+    three letters), each with its index term: the vocabulary of query expansion."""
+    words: dict[str, str] = {}
+    for piece in _TOKEN.findall(unicodedata.normalize("NFKC", text).lower()):
+        if piece.isascii() and piece.isalpha() and len(piece) >= 3 and piece not in STOP_WORDS:
+            words[piece] = _stem(piece)
+    return words
 
 
 @dataclass
@@ -173,36 +183,80 @@ class LexicalIndex:
         return set(index.terms) if index is not None else set()
 
     def search(
-        self, scope: int, query: str, k: int, exclude: Collection[int] = ()
+        self,
+        scope: int,
+        query: str,
+        k: int,
+        exclude: Collection[int] = (),
+        extra_terms: Mapping[str, float] | None = None,
     ) -> list[ScoredId]:
-        """The k best documents by BM25, best first; ties broken by the lower id.
+        """The k best documents by BM25, best first; ties broken by the lower id."""
+        weights = self.query_weights(scope, query, extra_terms, exclude)
+        return self.rank(scope, weights, k, exclude)
+
+    def query_weights(
+        self,
+        scope: int,
+        query: str,
+        extra_terms: Mapping[str, float] | None = None,
+        exclude: Collection[int] = (),
+    ) -> dict[str, float]:
+        """The weighted terms a query is searched with: its own at 1, `extra_terms` (such
+        as related words) at theirs, then the feedback terms.
 
         With pseudo-relevance feedback on, the query is first run as is, then widened by
         the terms that best characterise its top documents (weighted by their share of
-        each document and their idf) at a lower weight, and run again: a question worded
-        unlike the turn that answers it still shares words with that turn's neighbours.
+        each document and their idf) at a lower weight: a question worded unlike the turn
+        that answers it still shares words with that turn's neighbours.
         """
+        weights = dict.fromkeys(tokenize(query), 1.0)
+        for term, weight in (extra_terms or {}).items():
+            weights[term] = max(weights.get(term, 0.0), weight)
+        index = self._scopes.get(scope)
+        feedback = self._feedback
+        if (
+            index is not None
+            and feedback.num_docs
+            and feedback.num_terms
+            and len(index.terms) >= feedback.min_corpus
+        ):
+            first = self._rank(index, weights, feedback.num_docs, exclude)
+            for term in self._expansion(index, first, weights):
+                weights[term] = feedback.weight
+        return weights
+
+    def rank(
+        self, scope: int, weights: Mapping[str, float], k: int, exclude: Collection[int] = ()
+    ) -> list[ScoredId]:
+        """The k best documents for weighted terms, best first; ties: the lower id."""
         index = self._scopes.get(scope)
         if index is None or not index.terms or k <= 0:
             return []
-        weights = dict.fromkeys(tokenize(query), 1.0)
-        feedback = self._feedback
-        if feedback.num_docs and feedback.num_terms and len(index.terms) >= feedback.min_corpus:
-            first = self._rank(index, weights, self._feedback.num_docs, exclude)
-            for term in self._expansion(index, first, weights):
-                weights[term] = self._feedback.weight
         return self._rank(index, weights, k, exclude)
+
+    def scores(
+        self, scope: int, weights: Mapping[str, float], ids: Collection[int]
+    ) -> dict[int, float]:
+        """The exact BM25 score of each of `ids` in the scope (0 when it shares no term)."""
+        index = self._scopes.get(scope)
+        found = {doc_id: 0.0 for doc_id in ids if index is not None and doc_id in index.terms}
+        if not found:
+            return found
+        wanted = np.fromiter(found, dtype=np.int64, count=len(found))
+        doc_ids, scores = self._scored(index, weights)
+        keep = np.isin(doc_ids, wanted)
+        found.update(zip(doc_ids[keep].tolist(), scores[keep].tolist(), strict=True))
+        return found
 
     def _idf(self, index: _Scope, term: str) -> float:
         num_docs = len(index.terms)
         df = len(index.postings[term])
         return math.log(1 + (num_docs - df + 0.5) / (df + 0.5))
 
-    def _rank(
-        self, index: _Scope, weights: dict[str, float], k: int, exclude: Collection[int]
-    ) -> list[ScoredId]:
-        """BM25 over the postings of the weighted terms, in numpy (a name may be in every
-        turn of a user: its posting is then as long as the user's history)."""
+    def _scored(self, index: _Scope, weights: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+        """(doc ids, BM25 scores) of every document sharing a weighted term, in numpy
+        over the postings (a name may be in every turn of a user: its posting is then as
+        long as the user's history)."""
         average = index.total_length / len(index.terms)
         found_ids: list[np.ndarray] = []
         found_scores: list[np.ndarray] = []
@@ -216,10 +270,15 @@ class LexicalIndex:
             found_ids.append(ids)
             found_scores.append(gain * counts / (counts + norms))
         if not found_ids:
-            return []
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
         doc_ids, positions = np.unique(np.concatenate(found_ids), return_inverse=True)
-        scores = np.bincount(positions, weights=np.concatenate(found_scores))
-        if exclude:
+        return doc_ids, np.bincount(positions, weights=np.concatenate(found_scores))
+
+    def _rank(
+        self, index: _Scope, weights: Mapping[str, float], k: int, exclude: Collection[int]
+    ) -> list[ScoredId]:
+        doc_ids, scores = self._scored(index, weights)
+        if exclude and len(doc_ids):
             keep = ~np.isin(doc_ids, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))
             doc_ids, scores = doc_ids[keep], scores[keep]
         order = np.lexsort((doc_ids, -scores))[:k]

@@ -1,5 +1,7 @@
 """Turn memory: embeddings kept in SQL and mirrored into a per-user vector index, plus a
-per-user lexical (BM25) index, searched together.
+per-user lexical (BM25) index, searched together and fused (by standardised scores
+or reciprocal rank; see `retrieval.fusion`), the lexical query widened by related words
+of the user's own vocabulary (`retrieval.neighbours`).
 
 Invariant: every vector in the index is also in SQL (`message_embeddings`). The index
 is loaded per user on first use and reconciled with SQL then (missing ids added from
@@ -22,10 +24,11 @@ import numpy as np
 import structlog
 
 from retrieval.errors import EmbeddingModelMismatchError
-from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion
+from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion, standardised_fusion
 from retrieval.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.neighbours import NeighbourConfig, WordNeighbours
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
-from retrieval.turn_text import TextRecipe, TurnText, indexed_parts, indexed_texts
+from retrieval.turn_text import TextRecipe, TurnText, dense_texts, indexed_parts
 from storage.models import Message
 from storage.repository import Store, StoredVector
 
@@ -38,8 +41,9 @@ REPAIR_BATCH_SIZE = 256
 class RetrievalConfig:
     """How turns are indexed and searched.
 
-    mode: "dense" (vectors only), "lexical" (BM25 only) or "hybrid" (both, fused by
-    weighted reciprocal rank over each one's best `num_candidates`).
+    mode: "dense" (vectors only), "lexical" (BM25 only) or "hybrid" (both, each one's
+    best `num_candidates` fused: fusion "zscore" by weighted standardised scores, every
+    candidate scored by both, or "rrf" by weighted reciprocal rank with constant rrf_c).
     duplicate_threshold: a hit whose terms overlap a better hit's by at least this
     Jaccard share is dropped (above 1: never).
     """
@@ -47,6 +51,7 @@ class RetrievalConfig:
     mode: str = "hybrid"
     dense_text: TextRecipe = field(default_factory=TextRecipe)
     lexical_text: TextRecipe = field(default_factory=TextRecipe)
+    fusion: str = "rrf"
     num_candidates: int = 100
     rrf_c: float = 60.0
     dense_weight: float = 1.0
@@ -55,6 +60,7 @@ class RetrievalConfig:
     feedback: Feedback = field(default_factory=Feedback)
     # Terms of neighbouring turns count this much in a turn's lexical document.
     context_weight: float = 1.0
+    neighbours: NeighbourConfig = field(default_factory=NeighbourConfig)
 
 
 def turn_text(message: Message) -> TurnText:
@@ -87,6 +93,7 @@ class TurnMemory:
         self._index = index
         self._config = config or RetrievalConfig(mode="dense", duplicate_threshold=2.0)
         self._lexical = self._new_lexical()
+        self._neighbours = WordNeighbours(self._config.neighbours)
         self._fingerprints: dict[int, frozenset[str]] = {}
         self._texts_loaded: set[int] = set()
         self._scope_locks: dict[int, asyncio.Lock] = {}
@@ -168,6 +175,7 @@ class TurnMemory:
         """Build the user's lexical index and fingerprints from every stored turn."""
         messages = await self._store.list_user_messages(user_pk)
         self._lexical.reset(user_pk)
+        self._neighbours.drop(user_pk)
         self._add_texts(user_pk, messages, [turn_text(m) for m in messages])
         self._texts_loaded.add(user_pk)
 
@@ -186,6 +194,10 @@ class TurnMemory:
         )
         for message in messages:
             self._fingerprints[message.id] = frozenset(tokenize(message.content))
+        if self._config.neighbours.is_enabled:
+            self._neighbours.add(
+                user_pk, [f"{m.content} {m.image_caption or ''}" for m in messages]
+            )
 
     async def _with_context(self, messages: Sequence[Message]) -> list[TurnText]:
         """The turns of `messages` and the earlier turns their indexed texts need, in
@@ -208,10 +220,18 @@ class TurnMemory:
         matrix = np.stack([np.frombuffer(item.vector, dtype=np.float32) for item in stored])
         self._index.add(user_pk, [item.message_id for item in stored], matrix)
 
-    def _dense_texts(self, messages: Sequence[Message], turns: list[TurnText]) -> list[str]:
-        texts = indexed_texts(self._config.dense_text, turns)
-        by_key = {(t.session_id, t.seq): text for t, text in zip(turns, texts, strict=True)}
-        return [by_key[(m.session_id, m.seq)] for m in messages]
+    async def _embed_turns(self, messages: Sequence[Message], turns: list[TurnText]) -> np.ndarray:
+        """One vector per message: the normalised mean of its dense pieces' vectors."""
+        pieces = dense_texts(self._config.dense_text, turns)
+        by_key = {(t.session_id, t.seq): p for t, p in zip(turns, pieces, strict=True)}
+        wanted = [by_key[(m.session_id, m.seq)] for m in messages]
+        vectors = await self.embed([text for texts in wanted for text in texts])
+        if len(vectors) == len(messages):
+            return vectors
+        bounds = np.cumsum([0, *(len(texts) for texts in wanted)])
+        means = np.add.reduceat(vectors, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
+        norms = np.linalg.norm(means, axis=1, keepdims=True)
+        return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
     async def index_messages(
         self, messages: Sequence[Message], vectors: np.ndarray | None = None
@@ -222,7 +242,7 @@ class TurnMemory:
             return
         turns = await self._with_context(messages)
         if vectors is None or not self._config.dense_text.is_raw:
-            vectors = await self.embed(self._dense_texts(messages, turns))
+            vectors = await self._embed_turns(messages, turns)
         stored = [
             StoredVector(m.id, m.user_pk, np.asarray(v, dtype=np.float32).tobytes())
             for m, v in zip(messages, vectors, strict=True)
@@ -250,22 +270,50 @@ class TurnMemory:
         await self.ensure_scope(user_pk)
         config = self._config
         fetch = max(k, config.num_candidates)
+        use_dense = config.mode != "lexical" or query is None
+        use_lexical = config.mode != "dense" and query is not None
         rankings: list[list[ScoredId]] = []
-        weights: list[float] = []
-        if config.mode != "lexical" or query is None:
+        terms: dict[str, float] = {}
+        if use_dense:
             rankings.append(self._index.search(user_pk, vector, fetch, exclude))
-            weights.append(config.dense_weight)
-        if config.mode != "dense" and query is not None:
-            rankings.append(self._lexical.search(user_pk, query, fetch, exclude))
-            weights.append(config.lexical_weight)
-        ranked = (
-            rankings[0]
-            if len(rankings) == 1
-            else reciprocal_rank_fusion(rankings, weights, config.rrf_c)
-        )
+        if use_lexical:
+            assert query is not None
+            terms = await self._query_terms(user_pk, query, exclude)
+            rankings.append(self._lexical.rank(user_pk, terms, fetch, exclude))
+        if len(rankings) == 1:
+            ranked = rankings[0]
+        elif config.fusion == "zscore":
+            ranked = self._standardised(user_pk, vector, terms, rankings)
+        else:
+            weights = [config.dense_weight, config.lexical_weight]
+            ranked = reciprocal_rank_fusion(rankings, weights, config.rrf_c)
         if config.duplicate_threshold > 1:
             return ranked[:k]
         return drop_near_duplicates(ranked, self._fingerprint, config.duplicate_threshold, k)
+
+    async def _query_terms(
+        self, user_pk: int, query: str, exclude: Collection[int]
+    ) -> dict[str, float]:
+        """The weighted lexical terms of a query: its own, related words, feedback."""
+        related = await self._neighbours.expand(user_pk, query, self.embed)
+        return self._lexical.query_weights(user_pk, query, related, exclude)
+
+    def _standardised(
+        self,
+        user_pk: int,
+        vector: np.ndarray,
+        terms: dict[str, float],
+        rankings: list[list[ScoredId]],
+    ) -> list[ScoredId]:
+        """Dense and lexical hits fused by standardised scores, each candidate scored
+        exactly by both."""
+        candidates = {hit.id for ranking in rankings for hit in ranking}
+        exact = [
+            self._index.similarities(user_pk, vector, candidates),
+            self._lexical.scores(user_pk, terms, candidates),
+        ]
+        weights = [self._config.dense_weight, self._config.lexical_weight]
+        return standardised_fusion(rankings, exact, weights)
 
     def _fingerprint(self, message_id: int) -> frozenset[str]:
         return self._fingerprints.get(message_id, frozenset())
@@ -283,6 +331,7 @@ class TurnMemory:
         async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
             self._index.drop(user_pk)
             self._lexical.drop(user_pk)
+            self._neighbours.drop(user_pk)
             self._texts_loaded.discard(user_pk)
             for message_id in message_ids:
                 self._fingerprints.pop(message_id, None)
@@ -293,6 +342,7 @@ class TurnMemory:
             await self._store.delete_user_embeddings(user_pk)
             self._index.drop(user_pk)
             self._lexical.drop(user_pk)
+            self._neighbours.drop(user_pk)
             self._texts_loaded.discard(user_pk)
         messages = await self._store.list_user_messages(user_pk)
         for start in range(0, len(messages), REPAIR_BATCH_SIZE):
@@ -320,6 +370,7 @@ class TurnMemory:
         await self._store.delete_all_embeddings()
         self._index.drop_all()
         self._lexical = self._new_lexical()
+        self._neighbours = WordNeighbours(self._config.neighbours)
         self._fingerprints.clear()
         self._texts_loaded.clear()
         num_messages = 0

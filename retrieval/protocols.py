@@ -94,6 +94,13 @@ class VectorIndex(Protocol):
         self, scope: int, vector: np.ndarray, k: int, exclude: Collection[int] = ()
     ) -> list[ScoredId]: ...
 
+    def similarities(
+        self, scope: int, vector: np.ndarray, ids: Collection[int]
+    ) -> dict[int, float]:
+        """The exact inner product of `vector` with each of `ids` held in the scope
+        (ids it does not hold are left out)."""
+        ...
+
     def list_ids(self, scope: int) -> set[int]: ...
 
     def num_vectors(self) -> int:

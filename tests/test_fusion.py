@@ -1,10 +1,16 @@
-"""Reciprocal-rank fusion and near-duplicate removal: exact orders."""
+"""Reciprocal-rank and standardised-score fusion, near-duplicate removal: exact orders
+and scores."""
 
 from __future__ import annotations
 
 import pytest
 
-from retrieval.fusion import drop_near_duplicates, jaccard, reciprocal_rank_fusion
+from retrieval.fusion import (
+    drop_near_duplicates,
+    jaccard,
+    reciprocal_rank_fusion,
+    standardised_fusion,
+)
 from retrieval.protocols import ScoredId
 
 
@@ -29,6 +35,42 @@ def test_weights_tilt_the_fusion() -> None:
     assert [h.id for h in reciprocal_rank_fusion([dense, lexical], [2.0, 1.0])] == [1, 2]
     assert [h.id for h in reciprocal_rank_fusion([dense, lexical], [1.0, 2.0])] == [2, 1]
     assert [h.id for h in reciprocal_rank_fusion([dense, []], [1.0, 1.0])] == [1, 2]
+
+
+DENSE = [ScoredId(1, 0.9), ScoredId(2, 0.5), ScoredId(3, 0.4)]
+LEXICAL = [ScoredId(3, 10.0), ScoredId(4, 2.0), ScoredId(2, 1.0)]
+# Every candidate scored by both: turn 1 shares no word (0), turn 4 is far in meaning.
+DENSE_EXACT = {1: 0.9, 2: 0.5, 3: 0.4, 4: 0.1}
+LEXICAL_EXACT = {1: 0.0, 2: 1.0, 3: 10.0, 4: 2.0}
+
+
+def z(value: float, own: list[float]) -> float:
+    mean = sum(own) / len(own)
+    spread = (sum((v - mean) ** 2 for v in own) / len(own)) ** 0.5
+    return (value - mean) / spread
+
+
+def test_standardised_fusion_sums_z_scores_over_each_lists_own_hits() -> None:
+    fused = standardised_fusion([DENSE, LEXICAL], [DENSE_EXACT, LEXICAL_EXACT], [1.0, 1.0])
+    # z over the own lists: dense 0.9/0.5/0.4, lexical 10/2/1. Turn 3 stands out lexically
+    # far more than turn 1 densely; turn 4 is scored by the dense side too (far below).
+    assert [h.id for h in fused] == [3, 1, 2, 4]
+    dense_own, lexical_own = [0.9, 0.5, 0.4], [10.0, 2.0, 1.0]
+    assert fused[0].score == pytest.approx(z(0.4, dense_own) + z(10.0, lexical_own))
+    assert fused[-1].score == pytest.approx(z(0.1, dense_own) + z(2.0, lexical_own))
+    tilted = standardised_fusion([DENSE, LEXICAL], [DENSE_EXACT, LEXICAL_EXACT], [2.0, 1.0])
+    assert [h.id for h in tilted] == [1, 3, 2, 4]
+
+
+def test_standardised_fusion_without_spread_or_exact_scores() -> None:
+    flat = [ScoredId(5, 1.0), ScoredId(6, 1.0)]
+    # A list whose hits all score the same adds nothing; ties go to the lower id.
+    fused = standardised_fusion([flat, LEXICAL], [{5: 1.0, 6: 1.0}, LEXICAL_EXACT], [1, 1])
+    assert [h.id for h in fused][:2] == [3, 4]
+    # A candidate a retriever cannot score counts as that list's lowest hit.
+    fused = standardised_fusion([DENSE, LEXICAL], [DENSE_EXACT, {3: 10.0}], [0.0, 1.0])
+    assert [h.id for h in fused] == [3, 1, 2, 4]
+    assert fused[1].score == pytest.approx(z(1.0, [10.0, 2.0, 1.0]))
 
 
 def test_near_duplicates_do_not_crowd_the_top_k() -> None:

@@ -4,8 +4,10 @@ indexed-text recipes, rebuilds from SQL, near-duplicates and the recent window."
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from litestar.testing import AsyncTestClient
 
@@ -76,10 +78,11 @@ async def test_lexical_index_is_rebuilt_from_sql_and_follows_deletes(
     assert await ranked(fresh, user_pk, "天气") == []
 
 
+@pytest.mark.parametrize("fusion", ["rrf", "zscore"])
 async def test_hybrid_fuses_dense_and_lexical_and_drops_duplicates(
-    store: Store, tmp_path: Path
+    store: Store, tmp_path: Path, fusion: str
 ) -> None:
-    memory = memory_for(store, tmp_path / "h")
+    memory = memory_for(store, tmp_path / "h", replace(HYBRID, fusion=fusion))
     ids = await add_turns(
         store,
         memory,
@@ -131,6 +134,24 @@ async def test_contextual_text_finds_a_turn_by_its_neighbour_and_caption(
     )
     await memory.index_messages(later.messages)
     assert await ranked(memory, user_pk, "look") == [later.messages[0].id, ids[1]]
+
+
+async def test_a_windowed_turn_vector_is_the_mean_of_its_windows(
+    store: Store, tmp_path: Path
+) -> None:
+    recipe = TextRecipe(speaker=True, window=4)
+    memory = memory_for(store, tmp_path / "w", RetrievalConfig(mode="dense", dense_text=recipe))
+    [turn_id] = await add_turns(store, memory, [("Mel", "we adopted a puppy named Rex")])
+    assert memory.vector_model == "hash-64#speaker+window4"
+    [stored] = await store.list_user_vectors(await user_pk_of(store), {turn_id})
+    windows = HashEmbedder().embed(["Mel: we adopted a puppy", "Mel: named Rex"])
+    mean = windows.mean(axis=0)
+    vector = np.frombuffer(stored.vector, dtype=np.float32)
+    np.testing.assert_allclose(vector, mean / np.linalg.norm(mean), atol=1e-6)
+    # The FAISS index holds the same vector: "Rex" alone finds the turn at its cosine.
+    query = HashEmbedder().embed(["Mel: named Rex"])[0]
+    [hit] = await memory.search(await user_pk_of(store), query, 1)
+    assert (hit.id, hit.score) == (turn_id, pytest.approx(float(vector @ query), abs=1e-6))
 
 
 async def test_a_changed_turn_text_is_treated_like_a_model_change(

@@ -1,10 +1,19 @@
-"""What is indexed for a turn: exact texts for each recipe, and the recipe's tag."""
+"""What is indexed for a turn: exact texts for each recipe, windows of the dense
+pieces, and the recipe's tag."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from retrieval.turn_text import TextRecipe, TurnText, indexed_text, indexed_texts
+from retrieval.turn_text import (
+    TextRecipe,
+    TurnText,
+    dense_pieces,
+    dense_texts,
+    indexed_text,
+    indexed_texts,
+    split_windows,
+)
 
 WHEN = dt.datetime(2023, 5, 8, 13, 56, tzinfo=dt.UTC)
 
@@ -39,3 +48,42 @@ def test_previous_turns_come_from_the_same_session_only() -> None:
         "other",
         "三\n(after Caroline: one)\n(after Caroline: two)",
     ]
+
+
+def test_windows_are_slices_of_the_text() -> None:
+    text = "I went to the park yesterday with my sister and her dog Max who is sick now."
+    assert split_windows(text, 8) == [
+        "I went to the park yesterday with my",
+        "sister and her dog Max who is sick",
+        "now.",
+    ]
+    assert split_windows("  short turn ", 8) == ["short turn"]
+    assert split_windows("", 8) == [""]
+
+
+def test_a_cjk_character_counts_as_half_a_word() -> None:
+    # 6 + 3 + 3 characters (6 words) and two full-width stops (a word each): 8 words.
+    text = "我对花生过敏，请记住。我喜欢在周末去公园散步和看书"
+    assert split_windows(text, 8) == ["我对花生过敏，请记住。我喜欢", "在周末去公园散步和看书"]
+    assert split_windows("我对花生过敏", 8) == ["我对花生过敏"]
+
+
+def test_windowed_recipe_renders_each_window_caption_and_context_as_pieces() -> None:
+    recipe = TextRecipe(speaker=True, caption=True, previous=1, window=4)
+    assert recipe.tag() == "speaker+caption+previous1+window4"
+    turns = [
+        turn(1, "Anything new?", name="Mel"),
+        turn(2, "We adopted a puppy last week, look", image_caption="a dog"),
+    ]
+    assert dense_texts(recipe, turns) == [
+        ["Mel: Anything new?"],
+        [
+            "Caroline: We adopted a puppy",
+            "Caroline: last week, look",
+            "Caroline: [image: a dog]",
+            "(after Mel: Anything new?)",
+        ],
+    ]
+    # Without a window the turn is one piece: its indexed text.
+    plain = TextRecipe(speaker=True)
+    assert dense_pieces(plain, turns[1]) == [indexed_text(plain, turns[1])]

@@ -83,6 +83,18 @@ def test_search_ranks_by_inner_product_with_exact_scores(index: VectorIndex) -> 
     assert [h.id for h in index.search(1, query, k=2)] == [10, 13]
 
 
+def test_similarities_are_exact_for_held_ids_only(index: VectorIndex) -> None:
+    query = unit(1, 1, 1)
+    found = index.similarities(1, query, [10, 12, 13, 20, 99])
+    # 20 is scope 2's and 99 nobody's: left out.
+    assert set(found) == {10, 12, 13}
+    for vector_id in found:
+        assert found[vector_id] == pytest.approx(float(VECTORS[vector_id] @ query), abs=1e-5)
+    assert index.similarities(2, query, [10])[10] == pytest.approx(float(unit(0, 1, 0) @ query))
+    assert index.similarities(1, query, []) == {}
+    assert index.similarities(3, query, [10]) == {}
+
+
 def test_scopes_never_answer_each_other(index: VectorIndex) -> None:
     # Id 10 is in both scopes with different vectors; each scope answers with its own.
     assert [h.id for h in index.search(2, unit(1, 0, 0), k=5)] == [20, 10]

@@ -189,6 +189,19 @@ class ChromaIndex:
         ]
         return hits[:k]
 
+    def similarities(
+        self, scope: int, vector: np.ndarray, ids: Collection[int]
+    ) -> dict[int, float]:
+        if not ids:
+            return {}
+        with _translated():
+            found = self._collection(scope).get(ids=[str(i) for i in ids], include=["embeddings"])
+        if not found["ids"]:
+            return {}
+        matrix = np.asarray(found["embeddings"], dtype=np.float32)
+        scores = matrix @ np.asarray(vector, dtype=np.float32).reshape(-1)
+        return {int(i): float(s) for i, s in zip(found["ids"], scores, strict=True)}
+
     def _ids(self, collection: Any) -> set[int]:
         ids: set[int] = set()
         offset = 0

@@ -110,6 +110,22 @@ class FaissIndex:
         ]
         return results[:k]
 
+    def similarities(
+        self, scope: int, vector: np.ndarray, ids: Collection[int]
+    ) -> dict[int, float]:
+        with self._lock:
+            index = self._scopes.get(scope)
+            if index is None or not ids:
+                return {}
+            wanted = np.fromiter(ids, dtype=np.int64, count=len(ids))
+            held = wanted[np.isin(wanted, faiss.vector_to_array(index.id_map))]
+            if not len(held):
+                return {}
+            # IndexIDMap2 keeps a reverse map: each id's vector is found directly.
+            matrix = index.reconstruct_batch(held)
+        scores = matrix @ np.asarray(vector, dtype=np.float32).reshape(-1)
+        return dict(zip(held.tolist(), scores.tolist(), strict=True))
+
     def list_ids(self, scope: int) -> set[int]:
         with self._lock:
             index = self._scopes.get(scope)

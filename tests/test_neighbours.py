@@ -1,0 +1,125 @@
+"""Related-word query expansion: which of the user's own words join the query, at what
+weight, and that the lexical search then finds a turn that never says the asked word."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from retrieval.lexical import LexicalIndex
+from retrieval.neighbours import NeighbourConfig, WordNeighbours
+
+
+def unit(*values: float) -> np.ndarray:
+    vector = np.asarray(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+# Cosine with "instrument": violin 0.8, guitar 0.6, instruments 0.99 (same term), piano 0.4.
+TABLE = {
+    "instrument": unit(1, 0, 0, 0),
+    "instruments": unit(0.99, 0.141, 0, 0),
+    "violin": unit(0.8, 0.6, 0, 0),
+    "guitar": unit(0.6, 0.8, 0, 0),
+    "piano": unit(0.4, 0, 0.9165, 0),
+}
+OTHER = unit(0, 0, 0, 1)
+
+
+class TableEmbedder:
+    """Word vectors from a table (anything else: one far direction); counts what it embeds."""
+
+    def __init__(self) -> None:
+        self.embedded: list[list[str]] = []
+
+    async def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        self.embedded.append(list(texts))
+        return np.stack([TABLE.get(text, OTHER) for text in texts])
+
+
+TURNS = [
+    "I practise the violin every day",
+    "Bought a new guitar",
+    "My piano is old",
+    "So many instruments here",
+    "The weather is nice",
+]
+
+
+def neighbours(count: int = 3, minimum: float = 0.5) -> WordNeighbours:
+    found = WordNeighbours(NeighbourConfig(count, minimum, 0.3))
+    found.add(1, TURNS)
+    return found
+
+
+async def test_query_words_bring_the_nearest_words_of_the_users_vocabulary() -> None:
+    embed = TableEmbedder()
+    related = await neighbours().expand(1, "Which instrument?", embed)
+    # "instruments" shares the asked word's term; piano is below 0.5; weights 0.3 x cosine.
+    assert related == pytest.approx({"violin": 0.24, "guitar": 0.18})
+    assert await neighbours(count=1).expand(1, "Which instrument?", embed) == pytest.approx(
+        {"violin": 0.24}
+    )
+    assert await neighbours(minimum=0.3).expand(1, "instrument", embed) == pytest.approx(
+        {"violin": 0.24, "guitar": 0.18, "piano": 0.12}, abs=1e-5
+    )
+
+
+async def test_the_vocabulary_is_embedded_once_and_query_words_it_holds_are_not() -> None:
+    embed = TableEmbedder()
+    found = neighbours()
+    await found.expand(1, "instrument", embed)
+    vocabulary, asked = embed.embedded
+    assert sorted(vocabulary) == sorted(
+        [
+            "practise",
+            "violin",
+            "every",
+            "day",
+            "bought",
+            "new",
+            "guitar",
+            "piano",
+            "old",
+            "many",
+            "instruments",
+            "weather",
+            "nice",
+        ]
+    )
+    assert asked == ["instrument"]
+    # Asked words the user has said are looked up, not embedded; new turns' words are
+    # embedded at the next search, alone.
+    await found.expand(1, "violin guitar", embed)
+    assert len(embed.embedded) == 2
+    found.add(1, ["A cello"])
+    await found.expand(1, "violin", embed)
+    assert embed.embedded[2:] == [["cello"]]
+
+
+async def test_scopes_are_apart_and_dropped_whole() -> None:
+    embed = TableEmbedder()
+    found = neighbours()
+    assert await found.expand(2, "instrument", embed) == {}
+    found.drop(1)
+    assert found.num_words(1) == 0
+    assert await found.expand(1, "instrument", embed) == {}
+    assert await WordNeighbours(NeighbourConfig()).expand(1, "instrument", embed) == {}
+
+
+async def test_related_words_let_bm25_find_a_turn_without_the_asked_word() -> None:
+    lexical = LexicalIndex()
+    lexical.add(1, [1, 2, 3, 4, 5], TURNS)
+    assert [hit.id for hit in lexical.search(1, "Which instrument?", 10)] == [4]  # stemmed
+    lexical.add(1, [4], ["So many things here"])
+    assert lexical.search(1, "Which instrument?", 10) == []
+    related = await neighbours().expand(1, "Which instrument?", TableEmbedder())
+    hits = lexical.search(1, "Which instrument?", 10, extra_terms=related)
+    assert [hit.id for hit in hits] == [1, 2]
+    weights = lexical.query_weights(1, "Which instrument?", related)
+    assert weights == pytest.approx({"instrument": 1.0, "violin": 0.24, "guitar": 0.18})
+    assert lexical.scores(1, weights, [1, 2, 5, 99]) == pytest.approx(
+        {1: hits[0].score, 2: hits[1].score, 5: 0.0}
+    )
