@@ -16,6 +16,8 @@ from app.settings import RetrievalSettings, Settings, TurnTextSettings
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.memory import RetrievalConfig, TurnMemory
+from retrieval.neighbours import NeighbourConfig
+from retrieval.protocols import Embedder
 from retrieval.turn_text import TextRecipe
 from storage.db import create_engine, create_sessionmaker
 from storage.models import DEFAULT_TENANT_ID
@@ -134,6 +136,25 @@ async def test_contextual_text_finds_a_turn_by_its_neighbour_and_caption(
     )
     await memory.index_messages(later.messages)
     assert await ranked(memory, user_pk, "look") == [later.messages[0].id, ids[1]]
+
+
+@pytest.mark.model
+async def test_related_words_of_the_real_embedder_find_a_turn_without_the_asked_word(
+    store: Store, tmp_path: Path, real_embedder: Embedder
+) -> None:
+    turns = [
+        ("Mel", "I practise the violin every evening"),
+        ("Mel", "We went hiking on Sunday"),
+        ("Mel", "Pasta for dinner again"),
+    ]
+    words_only = RetrievalConfig(mode="lexical", duplicate_threshold=2.0)
+    plain = TurnMemory(store, real_embedder, FaissIndex(tmp_path / "p", 384), words_only)
+    ids = await add_turns(store, plain, turns)
+    user_pk = await user_pk_of(store)
+    assert await ranked(plain, user_pk, "Which instrument does she play?") == []
+    related = replace(words_only, neighbours=NeighbourConfig(3, 0.5, 0.3))
+    expanded = TurnMemory(store, real_embedder, FaissIndex(tmp_path / "e", 384), related)
+    assert await ranked(expanded, user_pk, "Which instrument does she play?") == [ids[0]]
 
 
 async def test_a_windowed_turn_vector_is_the_mean_of_its_windows(
