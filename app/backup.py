@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from retrieval.chat import as_utc
 from retrieval.memory import TurnMemory
+from retrieval.timeutil import as_utc
 from storage.models import ChatSession
 from storage.repository import RestoredMessage, Store
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from app import schemas
-from retrieval import chat as chat_service
-from retrieval import context as ctx
+from retrieval import records
 from retrieval.facts.service import FactHit, PinnedFact
 from retrieval.knowledge import KnowledgeHit
 from retrieval.protocols import Completion
+from retrieval.sections import ContextReport
+from retrieval.timeutil import as_utc
 from storage.models import (
     ChatSession,
     Fact,
@@ -24,12 +25,12 @@ def session_body(chat: ChatSession, user: User, num_messages: int) -> schemas.Se
         user_id=user.external_id,
         title=chat.title,
         metadata=chat.metadata_json or {},
-        created_at=chat_service.as_utc(chat.created_at),
+        created_at=as_utc(chat.created_at),
         num_messages=num_messages,
     )
 
 
-def message_body(turn: chat_service.StoredTurn) -> schemas.Message:
+def message_body(turn: records.StoredTurn) -> schemas.Message:
     return schemas.Message(
         id=turn.id,
         session_id=turn.session_id,
@@ -53,7 +54,7 @@ def pinned_fact_body(fact: PinnedFact) -> schemas.PinnedFactUsed:
     )
 
 
-def report_body(report: ctx.ContextReport) -> schemas.ContextReport:
+def report_body(report: ContextReport) -> schemas.ContextReport:
     return schemas.ContextReport(
         pinned_facts=[pinned_fact_body(f) for f in report.pinned_facts],
         new_facts=[pinned_fact_body(f) for f in report.new_facts],
@@ -113,7 +114,7 @@ def usage_body(completion: Completion) -> schemas.Usage:
     )
 
 
-def turn_body(result: chat_service.TurnResult) -> schemas.Turn:
+def turn_body(result: records.TurnResult) -> schemas.Turn:
     return schemas.Turn(
         message=message_body(result.message),
         reply=message_body(result.reply),
@@ -124,7 +125,6 @@ def turn_body(result: chat_service.TurnResult) -> schemas.Turn:
 
 
 def fact_body(fact: Fact, user_id: str, history: list[FactChange] | None = None) -> schemas.Fact:
-    as_utc = chat_service.as_utc
     return schemas.Fact(
         id=fact.id,
         user_id=user_id,
@@ -169,13 +169,13 @@ def document_body(document: KnowledgeDocument, user_id: str | None) -> schemas.K
         num_chars=document.num_chars,
         num_chunks=document.num_chunks,
         num_chunks_indexed=document.num_chunks_indexed,
-        created_at=chat_service.as_utc(document.created_at),
-        updated_at=chat_service.as_utc(document.updated_at),
+        created_at=as_utc(document.created_at),
+        updated_at=as_utc(document.updated_at),
     )
 
 
 def search_result_body(
-    hit: chat_service.SearchHit | FactHit | KnowledgeHit,
+    hit: records.SearchHit | FactHit | KnowledgeHit,
 ) -> schemas.SearchResult | schemas.FactResult | schemas.KnowledgeResult:
     if isinstance(hit, FactHit):
         return schemas.FactResult(
@@ -183,7 +183,7 @@ def search_result_body(
             text=hit.fact.text,
             category=hit.fact.category,
             score=round(hit.score, 6),
-            created_at=chat_service.as_utc(hit.fact.valid_from),
+            created_at=as_utc(hit.fact.valid_from),
             source_message_ids=list(hit.fact.source_message_ids),
         )
     if isinstance(hit, KnowledgeHit):
@@ -215,5 +215,5 @@ def summary_body(row: SessionSummary) -> schemas.Summary:
         text=row.text,
         summarizer=row.summarizer,
         token_count=row.token_count,
-        created_at=chat_service.as_utc(row.created_at),
+        created_at=as_utc(row.created_at),
     )

@@ -18,9 +18,9 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from app.routes.metrics import EngineMetrics
-from retrieval.chat import TurnResult
-from retrieval.context import SectionTokens
 from retrieval.errors import IndexUnavailableError
+from retrieval.records import TurnResult
+from retrieval.sections import SectionTokens
 
 if TYPE_CHECKING:
     from app.runtime import Runtime

@@ -19,7 +19,7 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from app import admin_schemas, schemas
 from app.knowledge_openapi import knowledge_contract
 from app.settings import Settings
-from retrieval.chat import max_reply_tokens
+from retrieval.records import max_reply_tokens
 from retrieval.text import WHITESPACE
 
 STRUCTS = (

@@ -16,7 +16,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
-from retrieval.chat import ChatConfig, ChatService, TurnResult
+from retrieval.chat import ChatConfig, ChatService
 from retrieval.context import ContextAssembler
 from retrieval.facts.extract import rule_extractor
 from retrieval.facts.llm import LlmFactExtractor
@@ -35,6 +35,7 @@ from retrieval.protocols import (
     Summarizer,
     VectorIndex,
 )
+from retrieval.records import TurnResult
 from retrieval.summary import ExtractiveSummarizer, LlmSummarizer
 from retrieval.turn_text import TextRecipe
 from retrieval.window import WindowConfig, WindowKeeper

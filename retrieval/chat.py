@@ -7,8 +7,6 @@ every earlier turn of that session, reply included.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import sys
 import time
 import weakref
 from collections import OrderedDict
@@ -17,25 +15,35 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from retrieval.context import (
-    AssembledContext,
-    ContextAssembler,
-    ContextBudget,
-    ContextReport,
-    RecentTurn,
-    RetrievedKnowledge,
-    RetrievedMemory,
-)
+from retrieval.context import ContextAssembler
 from retrieval.errors import EngineBusyError, InvalidInputError
 from retrieval.facts.service import FactHit, FactMemory, PinnedFact, fact_order
 from retrieval.knowledge import KnowledgeBase, KnowledgeHit
 from retrieval.memory import TurnMemory
-from retrieval.protocols import Completion, Engine, SamplingParams, ScoredId, TextDelta, WindowTurn
+from retrieval.protocols import Completion, Engine, SamplingParams, WindowTurn
+from retrieval.recall import MemoryRecall
+from retrieval.records import (
+    Found,
+    ImportedMessage,
+    SearchHit,
+    StoredTurn,
+    TurnEvent,
+    TurnResult,
+    TurnStarted,
+    max_reply_tokens,
+    shared_prefix,
+    split_pinned,
+)
 from retrieval.routing import Route, current_route
+from retrieval.sections import (
+    AssembledContext,
+    ContextBudget,
+    ContextReport,
+    RecentTurn,
+)
 from retrieval.summary import SummaryState
 from retrieval.text import is_blank
-from retrieval.timeutil import as_utc
-from retrieval.timing import StageClock, TurnTimings
+from retrieval.timing import StageClock
 from retrieval.window import WindowKeeper, WindowView, view_of
 from storage.models import ChatSession, Message, SessionSummary, User
 from storage.repository import NewMessage, Store
@@ -56,113 +64,9 @@ class ChatConfig:
     knowledge_share: float = 0.2
 
 
-@dataclass(frozen=True, slots=True)
-class StoredTurn:
-    id: int
-    session_id: str
-    seq: int
-    role: str
-    name: str | None
-    content: str
-    created_at: dt.datetime
-    external_id: str | None
-    token_count: int
-
-    @classmethod
-    def from_row(cls, row: Message) -> StoredTurn:
-        return cls(
-            id=row.id,
-            session_id=row.session_id,
-            seq=row.seq,
-            role=row.role,
-            name=row.name,
-            content=row.content,
-            created_at=as_utc(row.created_at),
-            external_id=row.external_id,
-            token_count=row.token_count,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TurnStarted:
-    """First event of a turn: the user message is stored and the context is assembled."""
-
-    message: StoredTurn
-    context: AssembledContext
-
-
-@dataclass(frozen=True, slots=True)
-class TurnResult:
-    message: StoredTurn
-    reply: StoredTurn
-    context: ContextReport
-    completion: Completion
-    timings: TurnTimings
-
-
-@dataclass(frozen=True, slots=True)
-class SearchHit:
-    turn: StoredTurn
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class ImportedMessage:
-    role: str
-    content: str
-    name: str | None = None
-    created_at: dt.datetime | None = None
-    external_id: str | None = None
-    image_caption: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Found:
-    """What a turn's prompt shows besides the window: retrieved memories and knowledge,
-    and the pinned facts by where they go (see split_pinned)."""
-
-    memories: tuple[RetrievedMemory, ...]
-    knowledge: tuple[RetrievedKnowledge, ...]
-    in_system: tuple[PinnedFact, ...]
-    new_facts: tuple[PinnedFact, ...]
-    shown_before: tuple[PinnedFact, ...]
-
-
-TurnEvent = TurnStarted | TextDelta | TurnResult
 LoadedWindow = tuple[SummaryState, list[WindowTurn]]
 
-
 LAST_PROMPTS_KEPT = 1024
-
-
-def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    """How many leading items two sequences share."""
-    for position, (a, b) in enumerate(zip(first, second, strict=False)):
-        if a != b:
-            return position
-    return min(len(first), len(second))
-
-
-def split_pinned(
-    pinned: Sequence[PinnedFact], view: WindowView
-) -> tuple[list[PinnedFact], list[PinnedFact], list[PinnedFact]]:
-    """(in the system message, new this turn, shown by an earlier turn in the window).
-
-    The system message carries the facts pinned as of the window's last compaction;
-    facts pinned since are shown once, in a turn's own context, which the transcript
-    then keeps: a new fact never changes the prompt's prefix.
-    """
-    snapshot = view.state.pinned_fact_ids
-    in_notes = {i for t in view.turns for i in t.note_fact_ids}
-    in_system = [f for f in pinned if f.id in snapshot]
-    new = [f for f in pinned if f.id not in snapshot and f.id not in in_notes]
-    shown = [f for f in pinned if f.id not in snapshot and f.id in in_notes]
-    return in_system, new, shown
-
-
-def max_reply_tokens(context_window: int) -> int:
-    """The most reply tokens a turn may reserve: half the window, the rest is for context."""
-    return max(1, context_window // 2)
 
 
 class ChatService:
@@ -181,6 +85,7 @@ class ChatService:
         on_turn: Callable[[TurnResult], None] | None = None,
     ) -> None:
         self._knowledge = knowledge
+        self._recall = MemoryRecall(store, memory, facts, knowledge)
         self._store = store
         self._windows = windows
         self._facts = facts
@@ -462,9 +367,9 @@ class ChatService:
                 self._memory.search(
                     user_pk, vector, self._config.retrieval_k, exclude, query=content
                 ),
-                self._knowledge_for(tenant_id, user_pk, vector, self._config.knowledge_k),
+                self._recall.knowledge_for(tenant_id, user_pk, vector, self._config.knowledge_k),
             )
-            memories = await self._memories(user_pk, hits)
+            memories = await self._recall.memories(user_pk, hits)
         in_system, new_facts, shown_before = split_pinned(pinned, view)
         return Found(
             memories=tuple(memories),
@@ -483,38 +388,6 @@ class ChatService:
         await self._windows.summaries.set_context_note(
             message_id, note, tokens, shown, [f.id for f in new_facts]
         )
-
-    async def _knowledge_for(
-        self, tenant_id: int, user_pk: int, vector: np.ndarray, k: int
-    ) -> list[KnowledgeHit]:
-        """The user's own and their tenant's shared knowledge chunks closest to the message."""
-        if self._knowledge is None or k <= 0:
-            return []
-        return await self._knowledge.search(tenant_id, user_pk, vector, k)
-
-    async def _rows_of(
-        self, user_pk: int, hits: Sequence[ScoredId]
-    ) -> list[tuple[Message, ScoredId]]:
-        """The stored rows of search hits, best first; hits deleted meanwhile are dropped."""
-        found = await self._store.list_messages_by_id(user_pk, [h.id for h in hits])
-        rows = {m.id: m for m in found}
-        return [(rows[h.id], h) for h in hits if h.id in rows]
-
-    async def _memories(self, user_pk: int, hits: Sequence[ScoredId]) -> list[RetrievedMemory]:
-        return [
-            RetrievedMemory(
-                message_id=row.id,
-                session_id=row.session_id,
-                role=row.role,
-                name=row.name,
-                text=row.content,
-                score=hit.score,
-                created_at=as_utc(row.created_at),
-                external_id=row.external_id,
-                token_count=row.token_count,
-            )
-            for row, hit in await self._rows_of(user_pk, hits)
-        ]
 
     # Without generation -------------------------------------------------------------
 
@@ -565,13 +438,6 @@ class ChatService:
     async def list_summaries(self, session_id: str) -> list[SessionSummary]:
         return await self._windows.summaries.list_summaries(session_id)
 
-    async def search(
-        self, user: User, query: str, k: int, session_id: str | None = None
-    ) -> list[SearchHit]:
-        self.validate_content(query, "query")
-        vector = (await self._memory.embed([query]))[0]
-        return await self._search_turns(user, query, vector, k, session_id)
-
     async def search_all(
         self, user: User, query: str, k: int, session_id: str | None, kinds: Sequence[str]
     ) -> list[SearchHit | FactHit | KnowledgeHit]:
@@ -579,32 +445,7 @@ class ChatService:
         first."""
         self.validate_content(query, "query")
         vector = (await self._memory.embed([query]))[0]
-        found: list[SearchHit | FactHit | KnowledgeHit] = []
-        if "turn" in kinds:
-            found += await self._search_turns(user, query, vector, k, session_id)
-        if "fact" in kinds and self._facts is not None:
-            found += await self._facts.search(user.id, vector, k)
-        if "knowledge" in kinds:
-            found += await self._knowledge_for(user.tenant_id, user.id, vector, k)
-        return sorted(found, key=lambda hit: -hit.score)[:k]
-
-    async def _search_turns(
-        self, user: User, query: str, vector: np.ndarray, k: int, session_id: str | None
-    ) -> list[SearchHit]:
-        fetch = sys.maxsize if session_id is not None else k
-        hits = await self._memory.search(user.id, vector, fetch, query=query)
-        found: list[SearchHit] = []
-        # With a session filter every hit is ranked; rows are read a page at a time.
-        page = k if session_id is None else max(4 * k, 200)
-        for start in range(0, len(hits), page):
-            found += [
-                SearchHit(StoredTurn.from_row(row), hit.score)
-                for row, hit in await self._rows_of(user.id, hits[start : start + page])
-                if session_id is None or row.session_id == session_id
-            ]
-            if len(found) >= k:
-                break
-        return found[:k]
+        return await self._recall.search_all(user, query, vector, k, session_id, kinds)
 
     async def delete_session(self, session_id: str) -> None:
         chat, _user = await self._store.get_session(session_id)

@@ -27,9 +27,9 @@ import numpy as np
 import structlog
 
 from retrieval.chunking import Chunk, Chunker
-from retrieval.context import RetrievedKnowledge
 from retrieval.errors import DocumentTooLargeError, InvalidInputError, RetrievalError
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
+from retrieval.sections import RetrievedKnowledge
 from storage.errors import NotFoundError, StorageError
 from storage.knowledge import (
     FAILED,

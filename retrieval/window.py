@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from retrieval.context import ContextAssembler, ContextBudget
+from retrieval.context import ContextAssembler
 from retrieval.facts.service import PinnedFact
 from retrieval.protocols import Summarizer, WindowTurn
+from retrieval.sections import ContextBudget
 from retrieval.summary import SummaryState, WindowPolicy, plan_compaction
 from retrieval.timeutil import as_utc
 from storage.errors import ConflictError

@@ -9,8 +9,8 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import Settings
-from retrieval.context import MEMORY_HEADER
 from retrieval.errors import EmbeddingModelMismatchError
+from retrieval.sections import MEMORY_HEADER
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session
 

@@ -6,8 +6,9 @@ import datetime as dt
 
 import pytest
 
-from retrieval.context import ContextAssembler, ContextBudget, RecentTurn, RetrievedMemory
+from retrieval.context import ContextAssembler
 from retrieval.errors import ContextTooLongError
+from retrieval.sections import ContextBudget, RecentTurn, RetrievedMemory
 from tests.fakes import ScriptedEngine
 
 WHEN = dt.datetime(2026, 1, 5, 10, 0, tzinfo=dt.UTC)

@@ -11,7 +11,7 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import PROMPTS_DIR, FactSettings, Settings
-from retrieval.context import NEW_FACTS_HEADER
+from retrieval.sections import NEW_FACTS_HEADER
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history
 from tests.test_api_sessions import create_session

@@ -11,15 +11,10 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import ChatSettings, KnowledgeSettings, Settings
-from retrieval.context import (
-    FACTS_HEADER,
-    SUMMARY_HEADER,
-    ContextAssembler,
-    ContextBudget,
-    RecentTurn,
-)
+from retrieval.context import ContextAssembler
 from retrieval.facts.service import PinnedFact
 from retrieval.protocols import WindowTurn
+from retrieval.sections import FACTS_HEADER, SUMMARY_HEADER, ContextBudget, RecentTurn
 from retrieval.smalltalk import is_small_talk
 from retrieval.summary import (
     Compaction,

@@ -18,10 +18,10 @@ from litestar.testing import AsyncTestClient
 from app.factory import create_app
 from app.settings import EngineSettings, Settings, VllmSettings
 from app.vllm_local import SERVED_MODEL
-from retrieval.chat import shared_prefix
 from retrieval.engines.vllm import VllmEngine, metric_sum
 from retrieval.errors import EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
+from retrieval.records import shared_prefix
 from retrieval.routing import Route, current_route
 from tests.fakes import HashEmbedder
 from tests.live import live_server

@@ -29,11 +29,12 @@ from app.convert import (
 )
 from app.routes.body import strict_body
 from app.routes.problems import problems
-from retrieval.chat import ChatService, StoredTurn
+from retrieval.chat import ChatService
 from retrieval.facts.service import FactMemory
 from retrieval.knowledge import KnowledgeBase
 from retrieval.memory import TurnMemory
 from retrieval.operations import MemoryOperations
+from retrieval.records import StoredTurn
 from retrieval.timeutil import as_utc
 from storage.access import AccessStore
 from storage.admin import ErasedUser, UserCounts

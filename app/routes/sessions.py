@@ -20,15 +20,10 @@ from app.errors import problem_body
 from app.routes.body import strict_body
 from app.routes.problems import problems
 from app.routes.scope import session_of
-from retrieval.chat import (
-    ChatService,
-    ImportedMessage,
-    StoredTurn,
-    TurnEvent,
-    TurnResult,
-)
+from retrieval.chat import ChatService
 from retrieval.errors import EngineError
 from retrieval.protocols import SamplingParams, TextDelta
+from retrieval.records import ImportedMessage, StoredTurn, TurnEvent, TurnResult
 from storage.repository import Store
 
 
