@@ -21,8 +21,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\s\w]", re.UNICODE)
+from retrieval.text import CJK
+
+_TOKEN = re.compile(rf"[{CJK}]|[^\W{CJK}]+|[^\s\w]", re.UNICODE)
 _HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _FENCE = re.compile(r"^(```|~~~)")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")

@@ -25,11 +25,9 @@ import numpy as np
 import snowballstemmer
 
 from retrieval.protocols import ScoredId
+from retrieval.text import CJK, CJK_CHAR
 
-# Han, Hiragana, Katakana, Hangul syllables, and CJK compatibility ideographs.
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_TOKEN = re.compile(f"[{_CJK}]+|[^\\W_{_CJK}]+", re.UNICODE)
-_CJK_RUN = re.compile(f"[{_CJK}]")
+_TOKEN = re.compile(f"[{CJK}]+|[^\\W_{CJK}]+", re.UNICODE)
 
 _STOP_WORDS_TEXT = """
 a about above after again against all am an and any are as at be because been before being
@@ -55,7 +53,7 @@ def tokenize(text: str) -> list[str]:
     """Index terms of a text, in order (see the module docstring)."""
     tokens: list[str] = []
     for piece in _TOKEN.findall(unicodedata.normalize("NFKC", text).lower()):
-        if _CJK_RUN.match(piece):
+        if CJK_CHAR.match(piece):
             tokens.extend(piece)
             tokens.extend(piece[i : i + 2] for i in range(len(piece) - 1))
         elif piece not in STOP_WORDS:

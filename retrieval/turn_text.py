@@ -22,14 +22,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from retrieval.text import CJK, CJK_CHAR
+
 PREVIOUS_CHARS = 300
 
 # A word of a window: a run of non-space characters outside CJK scripts, or one CJK
 # character, which counts as half a word (Chinese says in about two characters what
 # English says in a word).
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_WORD = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
-_CJK_CHAR = re.compile(f"[{_CJK}]")
+_WORD = re.compile(f"[{CJK}]|[^\\s{CJK}]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,7 @@ def split_windows(text: str, num_words: int) -> list[str]:
     start = end = 0
     size = 0.0
     for match in _WORD.finditer(text):
-        weight = 0.5 if _CJK_CHAR.match(match.group()) else 1.0
+        weight = 0.5 if CJK_CHAR.match(match.group()) else 1.0
         if size and size + weight > num_words:
             windows.append(text[start:end])
             size = 0.0
