@@ -31,6 +31,7 @@ from locomo import CATEGORIES, DATA, normalise_evidence, normalise_id, sessions_
 
 from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion, standardised_fusion
 from retrieval.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.memory import mean_of_pieces
 from retrieval.neighbours import NeighbourConfig, WordNeighbours
 from retrieval.protocols import ScoredId
 from retrieval.turn_text import TextRecipe, TurnText, dense_texts, indexed_parts
@@ -109,9 +110,7 @@ class Vectors:
             for texts in dense_texts(recipe(spec), [t for _, t in turns])
         ]
         flat = self._embed(f"turns-{spec}", [text for texts in pieces for text in texts])
-        bounds = np.cumsum([0, *(len(texts) for texts in pieces)])
-        means = np.add.reduceat(flat, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
-        return means / np.linalg.norm(means, axis=1, keepdims=True)
+        return mean_of_pieces(flat, [len(texts) for texts in pieces])
 
     async def words(self, words: Sequence[str]) -> np.ndarray:
         """Word vectors for the related-word expansion, cached across variants."""

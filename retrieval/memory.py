@@ -75,6 +75,17 @@ def turn_text(message: Message) -> TurnText:
     )
 
 
+def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """One unit vector per turn from the vectors of its pieces, given in turn order
+    (`counts[i]` pieces for turn i): their normalised mean; a single piece as it is."""
+    if len(vectors) == len(counts):
+        return vectors
+    bounds = np.cumsum([0, *counts])
+    means = np.add.reduceat(vectors, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
+    norms = np.linalg.norm(means, axis=1, keepdims=True)
+    return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
 def text_for_embedding(message: Message) -> str:
     """The raw turn: what the plain ("raw") recipe embeds."""
     return message.content
@@ -226,12 +237,7 @@ class TurnMemory:
         by_key = {(t.session_id, t.seq): p for t, p in zip(turns, pieces, strict=True)}
         wanted = [by_key[(m.session_id, m.seq)] for m in messages]
         vectors = await self.embed([text for texts in wanted for text in texts])
-        if len(vectors) == len(messages):
-            return vectors
-        bounds = np.cumsum([0, *(len(texts) for texts in wanted)])
-        means = np.add.reduceat(vectors, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
-        norms = np.linalg.norm(means, axis=1, keepdims=True)
-        return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+        return mean_of_pieces(vectors, [len(texts) for texts in wanted])
 
     async def index_messages(
         self, messages: Sequence[Message], vectors: np.ndarray | None = None
