@@ -174,15 +174,15 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
                 )
             if mode != "dense":
                 related = await neighbours.expand(1, question, vectors.words)
-                terms = lexical.query_weights(1, question, related)
-                rankings.append(lexical.rank(1, terms, cand))
+                scored = lexical.score(1, lexical.query_weights(1, question, related))
+                rankings.append(scored.top(cand))
             if len(rankings) == 1:
                 ranked = rankings[0]
             elif variant.get("fusion", "rrf") == "zscore":
                 candidates = {hit.id for ranking in rankings for hit in ranking}
                 exact = [
                     {i: float(scores[i]) for i in candidates},
-                    lexical.scores(1, terms, candidates),
+                    scored.of(candidates),
                 ]
                 ranked = standardised_fusion(rankings, exact, weights)
             else:

@@ -96,6 +96,40 @@ class _Scope:
 
 
 @dataclass(frozen=True, slots=True)
+class LexicalScores:
+    """The BM25 scores of one weighted query: every document sharing a term (ids
+    ascending) with its score, and the ids of every document in the scope."""
+
+    doc_ids: np.ndarray
+    values: np.ndarray
+    held: Collection[int]
+
+    @classmethod
+    def empty(cls) -> LexicalScores:
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0), frozenset())
+
+    def top(self, k: int, exclude: Collection[int] = ()) -> list[ScoredId]:
+        """The k best documents less `exclude`, best first; ties: the lower id."""
+        doc_ids, values = self.doc_ids, self.values
+        if k <= 0:
+            return []
+        if exclude and len(doc_ids):
+            keep = ~np.isin(doc_ids, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))
+            doc_ids, values = doc_ids[keep], values[keep]
+        order = np.lexsort((doc_ids, -values))[:k]
+        return [ScoredId(int(doc_ids[i]), float(values[i])) for i in order]
+
+    def of(self, ids: Collection[int]) -> dict[int, float]:
+        """The score of each of `ids` the scope holds (0 when it shares no term)."""
+        found = {doc_id: 0.0 for doc_id in ids if doc_id in self.held}
+        if found and len(self.doc_ids):
+            wanted = np.fromiter(found, dtype=np.int64, count=len(found))
+            keep = np.isin(self.doc_ids, wanted)
+            found.update(zip(self.doc_ids[keep].tolist(), self.values[keep].tolist(), strict=True))
+        return found
+
+
+@dataclass(frozen=True, slots=True)
 class Feedback:
     """Pseudo-relevance feedback: add the best `num_terms` terms of the first `num_docs`
     results to the query at `weight` (0 docs or 0 terms: off). Only for users with at
@@ -190,7 +224,7 @@ class LexicalIndex:
     ) -> list[ScoredId]:
         """The k best documents by BM25, best first; ties broken by the lower id."""
         weights = self.query_weights(scope, query, extra_terms, exclude)
-        return self.rank(scope, weights, k, exclude)
+        return self.score(scope, weights).top(k, exclude)
 
     def query_weights(
         self,
@@ -218,41 +252,26 @@ class LexicalIndex:
             and feedback.num_terms
             and len(index.terms) >= feedback.min_corpus
         ):
-            first = self._rank(index, weights, feedback.num_docs, exclude)
+            first = self._score(index, weights).top(feedback.num_docs, exclude)
             for term in self._expansion(index, first, weights):
                 weights[term] = feedback.weight
         return weights
 
-    def rank(
-        self, scope: int, weights: Mapping[str, float], k: int, exclude: Collection[int] = ()
-    ) -> list[ScoredId]:
-        """The k best documents for weighted terms, best first; ties: the lower id."""
+    def score(self, scope: int, weights: Mapping[str, float]) -> LexicalScores:
+        """Every document of the scope scored once for weighted terms: enough both to rank
+        them and to give any document's exact score."""
         index = self._scopes.get(scope)
-        if index is None or not index.terms or k <= 0:
-            return []
-        return self._rank(index, weights, k, exclude)
-
-    def scores(
-        self, scope: int, weights: Mapping[str, float], ids: Collection[int]
-    ) -> dict[int, float]:
-        """The exact BM25 score of each of `ids` in the scope (0 when it shares no term)."""
-        index = self._scopes.get(scope)
-        found = {doc_id: 0.0 for doc_id in ids if index is not None and doc_id in index.terms}
-        if not found:
-            return found
-        wanted = np.fromiter(found, dtype=np.int64, count=len(found))
-        doc_ids, scores = self._scored(index, weights)
-        keep = np.isin(doc_ids, wanted)
-        found.update(zip(doc_ids[keep].tolist(), scores[keep].tolist(), strict=True))
-        return found
+        if index is None or not index.terms:
+            return LexicalScores.empty()
+        return self._score(index, weights)
 
     def _idf(self, index: _Scope, term: str) -> float:
         num_docs = len(index.terms)
         df = len(index.postings[term])
         return math.log(1 + (num_docs - df + 0.5) / (df + 0.5))
 
-    def _scored(self, index: _Scope, weights: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
-        """(doc ids, BM25 scores) of every document sharing a weighted term, in numpy
+    def _score(self, index: _Scope, weights: Mapping[str, float]) -> LexicalScores:
+        """BM25 scores of every document sharing a weighted term, in numpy
         over the postings (a name may be in every turn of a user: its posting is then as
         long as the user's history)."""
         average = index.total_length / len(index.terms)
@@ -268,19 +287,10 @@ class LexicalIndex:
             found_ids.append(ids)
             found_scores.append(gain * counts / (counts + norms))
         if not found_ids:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
+            return LexicalScores(np.zeros(0, dtype=np.int64), np.zeros(0), index.terms.keys())
         doc_ids, positions = np.unique(np.concatenate(found_ids), return_inverse=True)
-        return doc_ids, np.bincount(positions, weights=np.concatenate(found_scores))
-
-    def _rank(
-        self, index: _Scope, weights: Mapping[str, float], k: int, exclude: Collection[int]
-    ) -> list[ScoredId]:
-        doc_ids, scores = self._scored(index, weights)
-        if exclude and len(doc_ids):
-            keep = ~np.isin(doc_ids, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))
-            doc_ids, scores = doc_ids[keep], scores[keep]
-        order = np.lexsort((doc_ids, -scores))[:k]
-        return [ScoredId(int(doc_ids[i]), float(scores[i])) for i in order]
+        values = np.bincount(positions, weights=np.concatenate(found_scores))
+        return LexicalScores(doc_ids, values, index.terms.keys())
 
     def _expansion(
         self, index: _Scope, top: Sequence[ScoredId], query_terms: Collection[str]

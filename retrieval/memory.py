@@ -25,7 +25,7 @@ import structlog
 
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion, standardised_fusion
-from retrieval.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.lexical import Feedback, LexicalIndex, LexicalScores, tokenize
 from retrieval.neighbours import NeighbourConfig, WordNeighbours
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
 from retrieval.turn_text import TextRecipe, TurnText, dense_texts, indexed_parts
@@ -279,17 +279,18 @@ class TurnMemory:
         use_dense = config.mode != "lexical" or query is None
         use_lexical = config.mode != "dense" and query is not None
         rankings: list[list[ScoredId]] = []
-        terms: dict[str, float] = {}
+        lexical = LexicalScores.empty()
         if use_dense:
             rankings.append(self._index.search(user_pk, vector, fetch, exclude))
         if use_lexical:
             assert query is not None
             terms = await self._query_terms(user_pk, query, exclude)
-            rankings.append(self._lexical.rank(user_pk, terms, fetch, exclude))
+            lexical = self._lexical.score(user_pk, terms)
+            rankings.append(lexical.top(fetch, exclude))
         if len(rankings) == 1:
             ranked = rankings[0]
         elif config.fusion == "zscore":
-            ranked = self._standardised(user_pk, vector, terms, rankings)
+            ranked = self._standardised(user_pk, vector, lexical, rankings)
         else:
             weights = [config.dense_weight, config.lexical_weight]
             ranked = reciprocal_rank_fusion(rankings, weights, config.rrf_c)
@@ -308,16 +309,13 @@ class TurnMemory:
         self,
         user_pk: int,
         vector: np.ndarray,
-        terms: dict[str, float],
+        lexical: LexicalScores,
         rankings: list[list[ScoredId]],
     ) -> list[ScoredId]:
         """Dense and lexical hits fused by standardised scores, each candidate scored
-        exactly by both."""
+        exactly by both (the lexical side from the scores its ranking came from)."""
         candidates = {hit.id for ranking in rankings for hit in ranking}
-        exact = [
-            self._index.similarities(user_pk, vector, candidates),
-            self._lexical.scores(user_pk, terms, candidates),
-        ]
+        exact = [self._index.similarities(user_pk, vector, candidates), lexical.of(candidates)]
         weights = [self._config.dense_weight, self._config.lexical_weight]
         return standardised_fusion(rankings, exact, weights)
 

@@ -120,6 +120,6 @@ async def test_related_words_let_bm25_find_a_turn_without_the_asked_word() -> No
     assert [hit.id for hit in hits] == [1, 2]
     weights = lexical.query_weights(1, "Which instrument?", related)
     assert weights == pytest.approx({"instrument": 1.0, "violin": 0.24, "guitar": 0.18})
-    assert lexical.scores(1, weights, [1, 2, 5, 99]) == pytest.approx(
+    assert lexical.score(1, weights).of([1, 2, 5, 99]) == pytest.approx(
         {1: hits[0].score, 2: hits[1].score, 5: 0.0}
     )
