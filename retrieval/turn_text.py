@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from retrieval.text import CJK, CJK_CHAR
@@ -146,29 +146,25 @@ def indexed_text(recipe: TextRecipe, turn: TurnText, previous: Sequence[TurnText
     return own_text(recipe, turn) + context_text(recipe, previous)
 
 
-def indexed_parts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[tuple[str, str]]:
-    """(own text, context text) of turns given in order within each session (sessions may
-    interleave): the turns before one in its own session are its context."""
-    parts = []
+def with_earlier(turns: Sequence[TurnText]) -> Iterator[tuple[TurnText, list[TurnText]]]:
+    """Each turn with the turns before it in its own session, for turns given in order
+    within each session (sessions may interleave)."""
     seen: dict[str, list[TurnText]] = {}
     for turn in turns:
         earlier = seen.setdefault(turn.session_id, [])
-        parts.append((own_text(recipe, turn), context_text(recipe, earlier)))
+        yield turn, earlier
         earlier.append(turn)
-    return parts
 
 
-def indexed_texts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[str]:
-    """Indexed texts (own text then context) of turns, as `indexed_parts` orders them."""
-    return [own + context for own, context in indexed_parts(recipe, turns)]
+def indexed_parts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[tuple[str, str]]:
+    """(own text, context text) of turns as `with_earlier` takes them: the turns before
+    one in its own session are its context."""
+    return [
+        (own_text(recipe, turn), context_text(recipe, earlier))
+        for turn, earlier in with_earlier(turns)
+    ]
 
 
 def dense_texts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[list[str]]:
-    """The dense pieces of turns given as `indexed_parts` wants them, in the same order."""
-    pieces = []
-    seen: dict[str, list[TurnText]] = {}
-    for turn in turns:
-        earlier = seen.setdefault(turn.session_id, [])
-        pieces.append(dense_pieces(recipe, turn, earlier))
-        earlier.append(turn)
-    return pieces
+    """The dense pieces of turns as `with_earlier` takes them, in the same order."""
+    return [dense_pieces(recipe, turn, earlier) for turn, earlier in with_earlier(turns)]

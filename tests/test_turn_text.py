@@ -11,7 +11,6 @@ from retrieval.turn_text import (
     dense_pieces,
     dense_texts,
     indexed_text,
-    indexed_texts,
     split_windows,
 )
 
@@ -42,7 +41,7 @@ def test_full_recipe_adds_speaker_caption_date_and_previous_turns() -> None:
 def test_previous_turns_come_from_the_same_session_only() -> None:
     recipe = TextRecipe(previous=2)
     turns = [turn(1, "one"), turn(2, "two"), turn(1, "other", session="s2"), turn(3, "三")]
-    assert indexed_texts(recipe, turns) == [
+    assert [texts[0] for texts in dense_texts(recipe, turns)] == [
         "one",
         "two\n(after Caroline: one)",
         "other",
