@@ -1,13 +1,17 @@
 """Who is asking: API keys, tenants, local mode, the admin guard and per-key rate limits.
 
 Every request outside the public paths carries `Authorization: Bearer <key>`; the key names
-a tenant, and everything the request reads or writes is that tenant's. When no active key
-exists the service is in local mode: it serves only on a loopback address and every request
-runs in the default tenant, as an administrator (the operator is the only client).
+a tenant, and everything the request reads or writes is that tenant's. A server started
+while no active key exists is in local mode: it serves only on a loopback address and
+every request runs in the default tenant, as an administrator (the operator is the only
+client). Local mode is decided when the server starts and can only end while it runs (at
+the first key created); a server started with keys never falls back to it, whatever is
+revoked later.
 
-The admin page cannot send headers on navigation, so under `/admin` the key may also come
-from the `memchat_admin_key` cookie that its sign-in form sets (HttpOnly, SameSite=Strict,
-so no other site can send it).
+The admin page cannot send headers on navigation: signing in with an admin key opens a
+session, and its random token (never the key) travels in the `memchat_admin_session`
+cookie (HttpOnly, SameSite=Strict, path /admin), which only the page's routes accept;
+`/admin/v1` takes Bearer keys only.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from storage.models import DEFAULT_TENANT_ID
 
 log = structlog.get_logger(__name__)
 
-ADMIN_COOKIE = "memchat_admin_key"
+ADMIN_SESSION_COOKIE = "memchat_admin_session"
 # Probes, metrics and the API description need no key.
 PUBLIC_PATHS = ["^/healthz$", "^/readyz$", "^/metrics$", "^/schema", "^/swagger", "^/admin/login$"]
 
@@ -153,19 +157,22 @@ class RateLimiter:
         return max(1, math.ceil((1.0 - tokens) / rate))
 
 
+def is_admin_page(path: str) -> bool:
+    """The server-rendered admin page (cookie sessions), not the admin API."""
+    return (path == "/admin" or path.startswith("/admin/")) and not path.startswith("/admin/v1")
+
+
 def _bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     header = connection.headers.get("authorization")
-    if header is not None:
-        scheme, _, secret = header.partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            raise NotAuthorizedException(
-                "send the API key as `Authorization: Bearer <key>`",
-                headers={"WWW-Authenticate": 'Bearer realm="memchat"'},
-            )
-        return secret.strip()
-    if connection.scope["path"].startswith("/admin"):
-        return connection.cookies.get(ADMIN_COOKIE)
-    return None
+    if header is None:
+        return None
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise NotAuthorizedException(
+            "send the API key as `Authorization: Bearer <key>`",
+            headers={"WWW-Authenticate": 'Bearer realm="memchat"'},
+        )
+    return secret.strip()
 
 
 class AccessMiddleware(AbstractAuthenticationMiddleware):
@@ -175,39 +182,97 @@ class AccessMiddleware(AbstractAuthenticationMiddleware):
         self, connection: ASGIConnection[Any, Any, Any, Any]
     ) -> AuthenticationResult:
         gate: AccessGate = connection.app.state.access_gate
-        principal = await gate.authenticate(_bearer(connection))
+        secret = _bearer(connection)
+        if secret is None and is_admin_page(connection.scope["path"]):
+            principal = await gate.authenticate_session(
+                connection.cookies.get(ADMIN_SESSION_COOKIE)
+            )
+        else:
+            principal = await gate.authenticate(secret)
         return AuthenticationResult(user=principal, auth=principal.key_id)
 
 
+_KEY_REQUIRED = "an API key is required: send `Authorization: Bearer <key>`"
+_BEARER_REALM = {"WWW-Authenticate": 'Bearer realm="memchat"'}
+
+
 class AccessGate:
-    """Keys are looked up in SQL on every request, so a revoked key stops at once."""
+    """Keys and admin sessions are looked up in SQL on every request, so a revoked key
+    (and every session it opened) stops at once, in every process."""
 
     def __init__(self, default_requests_per_minute: int) -> None:
         self._default_rpm = default_requests_per_minute
         self._limiter = RateLimiter()
-        self.access: AccessStore | None = None
+        self._access: AccessStore | None = None
+        self._is_local = False
+
+    def open(self, access: AccessStore, *, local_mode: bool) -> None:
+        """Start serving; `local_mode` is what the start found (see check_local_mode)."""
+        self._access = access
+        self._is_local = local_mode
+
+    def close(self) -> None:
+        self._access = None
+        self._is_local = False
+
+    @property
+    def is_local_mode(self) -> bool:
+        return self._is_local
+
+    def _store(self) -> AccessStore:
+        if self._access is None:
+            raise NotAuthorizedException("the service is starting")
+        return self._access
+
+    async def _still_local(self, access: AccessStore) -> bool:
+        """Local mode lasts until the first key exists; it never begins while serving."""
+        if not self._is_local:
+            return False
+        if await access.has_active_keys():
+            self._is_local = False
+            log.warning("local_mode_ended", detail="an API key exists: every request needs one")
+            return False
+        return True
 
     async def authenticate(self, secret: str | None) -> Principal:
-        access = self.access
-        if access is None:
-            raise NotAuthorizedException("the service is starting")
+        """The principal of a Bearer key (or of local mode)."""
+        access = self._store()
+        if await self._still_local(access):
+            return LOCAL_PRINCIPAL
         if secret is None:
-            if not await access.has_active_keys():
-                return LOCAL_PRINCIPAL
-            raise NotAuthorizedException(
-                "an API key is required: send `Authorization: Bearer <key>`",
-                headers={"WWW-Authenticate": 'Bearer realm="memchat"'},
-            )
+            raise NotAuthorizedException(_KEY_REQUIRED, headers=_BEARER_REALM)
         owner = await access.get_key_owner_or_none(secret)
         if owner is None:
-            if not await access.has_active_keys():
-                return LOCAL_PRINCIPAL
             raise NotAuthorizedException(
                 "unknown or revoked API key",
                 headers={"WWW-Authenticate": 'Bearer realm="memchat", error="invalid_token"'},
             )
         self._check_rate(owner)
         return principal_of(owner)
+
+    async def authenticate_session(self, token: str | None) -> Principal:
+        """The principal of an admin page session cookie (or of local mode)."""
+        access = self._store()
+        if await self._still_local(access):
+            return LOCAL_PRINCIPAL
+        owner = await access.get_session_owner_or_none(token) if token else None
+        if owner is None:
+            raise NotAuthorizedException("sign in with an admin key", headers=_BEARER_REALM)
+        self._check_rate(owner)
+        return principal_of(owner)
+
+    async def sign_in(self, secret: str, ttl_s: float) -> tuple[Principal, str | None]:
+        """An admin key's principal and a new session token (None in local mode, which
+        needs no session); refuses keys that are unknown, revoked or not admin."""
+        principal = await self.authenticate(secret)
+        if not principal.is_admin:
+            raise PermissionDeniedException("this needs an admin API key")
+        if principal.key_id is None:
+            return principal, None
+        return principal, await self._store().create_admin_session(principal.key_id, ttl_s)
+
+    async def sign_out(self, token: str) -> None:
+        await self._store().delete_admin_session(token)
 
     def _check_rate(self, owner: KeyOwner) -> None:
         per_minute = owner.requests_per_minute

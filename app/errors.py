@@ -12,12 +12,12 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.response import Redirect
 
 from retrieval.errors import (
-    DocumentTooLargeError,
     EmbeddingModelMismatchError,
     EngineBusyError,
     EngineError,
     IndexUnavailableError,
     InvalidInputError,
+    TooLargeError,
     UnsupportedDocumentError,
 )
 from storage.errors import (
@@ -32,6 +32,13 @@ log = structlog.get_logger(__name__)
 PROBLEM_JSON = "application/problem+json"
 _MSGSPEC_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`")
 _MSGSPEC_FIELD = re.compile(r"(?:unknown|missing required) field `(?P<name>[^`]+)`")
+# msgspec quotes a refused pattern whole; the id pattern is long and says little that way.
+_LONG_PATTERN = re.compile(r"Expected `str` matching regex '.{60,}'")
+ID_RULE = "Expected an id without '/', control or invisible characters or a space at either end"
+
+
+def _readable(message: str) -> str:
+    return _LONG_PATTERN.sub(ID_RULE, message)
 
 
 def problem_body(
@@ -80,12 +87,14 @@ def _field_errors(exc: ValidationException) -> list[dict[str, str]]:
         if not isinstance(item, dict):
             continue
         message = str(item.get("message", ""))
-        found.append({"field": _field_of(message, item), "message": _MSGSPEC_PATH.sub("", message)})
+        text = _readable(_MSGSPEC_PATH.sub("", message))
+        found.append({"field": _field_of(message, item), "message": text})
     return found
 
 
 class BadBodyError(Exception):
-    """A request body that is not JSON (400) or not of the documented shape (422)."""
+    """A request body that is not JSON (400), not sent as JSON (415), too large (413) or
+    not of the documented shape (422)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -94,9 +103,12 @@ class BadBodyError(Exception):
 
 
 def on_bad_body(request: Request[Any, Any, Any], exc: BadBodyError) -> Response[Any]:
-    if exc.status == 400:
-        return problem(request, 400, exc.message)
-    error = {"field": _field_of(exc.message, {}), "message": _MSGSPEC_PATH.sub("", exc.message)}
+    if exc.status in (400, 413, 415):
+        return problem(request, exc.status, exc.message)
+    error = {
+        "field": _field_of(exc.message, {}),
+        "message": _readable(_MSGSPEC_PATH.sub("", exc.message)),
+    }
     return problem(
         request, 422, f"invalid request: {error['field']}: {error['message']}", errors=[error]
     )
@@ -133,9 +145,7 @@ def on_unsupported_document(
     return _input_problem(request, 415, exc)
 
 
-def on_document_too_large(
-    request: Request[Any, Any, Any], exc: DocumentTooLargeError
-) -> Response[Any]:
+def on_too_large(request: Request[Any, Any, Any], exc: TooLargeError) -> Response[Any]:
     return _input_problem(request, 413, exc)
 
 
@@ -222,7 +232,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ValidationException: on_validation,
     BadBodyError: on_bad_body,
     UnsupportedDocumentError: on_unsupported_document,
-    DocumentTooLargeError: on_document_too_large,
+    TooLargeError: on_too_large,
     InvalidInputError: on_invalid_input,
     IndexUnavailableError: on_index_unavailable,
     NotFoundError: on_not_found,

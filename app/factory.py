@@ -33,8 +33,9 @@ from app.errors import EXCEPTION_HANDLERS
 from app.observability import ServiceMetrics
 from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
 from app.request_context import observe_requests
+from app.request_guard import RequestGuard
 from app.routes.admin import AdminController, Deployment
-from app.routes.admin_page import AdminLoginController, AdminPageController
+from app.routes.admin_page import AdminLoginController, AdminPageController, form_token_field
 from app.routes.facts import FactController
 from app.routes.health import healthz, readyz
 from app.routes.knowledge import KnowledgeController
@@ -66,13 +67,15 @@ def create_app(
             settings, embedder=embedder, engine=engine, on_turn=service_metrics.observe_turn
         )
         try:
-            await check_local_mode(runtime.access, settings.host, bootstrap_key(settings))
-            gate.access = runtime.access
+            local_mode = await check_local_mode(
+                runtime.access, settings.host, bootstrap_key(settings)
+            )
+            gate.open(runtime.access, local_mode=local_mode)
             app.state.runtime = runtime
             log.info("memchat_ready", database=runtime.db_engine.url.render_as_string())
             yield
         finally:
-            gate.access = None
+            gate.close()
             await close_runtime(runtime)
 
     def provide_store(state: State) -> Store:
@@ -139,7 +142,13 @@ def create_app(
             readyz,
             metrics,
         ],
-        state=State({"metrics": service_metrics, "access_gate": gate}),
+        state=State(
+            {
+                "metrics": service_metrics,
+                "access_gate": gate,
+                "admin_session_ttl_s": settings.access.admin_session_ttl_s,
+            }
+        ),
         middleware=[DefineMiddleware(AccessMiddleware, exclude=PUBLIC_PATHS)],
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
@@ -154,6 +163,13 @@ def create_app(
             ],
         ),
         request_max_body_size=settings.max_request_bytes,
-        template_config=TemplateConfig(directory=TEMPLATES_DIR, engine=JinjaTemplateEngine),
+        template_config=TemplateConfig(
+            directory=TEMPLATES_DIR,
+            engine=JinjaTemplateEngine,
+            engine_callback=lambda jinja: jinja.register_template_callable(
+                "form_token_field", form_token_field
+            ),
+        ),
     )
+    app.asgi_handler = RequestGuard(app.asgi_handler, gate, settings.access.local_hosts)
     return observe_requests(app, service_metrics)

@@ -12,7 +12,7 @@ import msgspec
 
 from app import schemas
 from app.settings import Settings
-from retrieval.text import WHITESPACE
+from retrieval.text import VISIBLE_PATTERN
 
 REF = "#/components/schemas/{name}"
 PATH = "/v1/knowledge"
@@ -51,7 +51,7 @@ def knowledge_contract(document: dict[str, Any], settings: Settings) -> None:
     create = components["KnowledgeCreate"]
     create["additionalProperties"] = False
     create["properties"]["text"].update(
-        minLength=1, maxLength=settings.knowledge.max_document_chars, pattern=f"[^{WHITESPACE}]"
+        minLength=1, maxLength=settings.knowledge.max_document_chars, pattern=VISIBLE_PATTERN
     )
     document["components"]["schemas"].update(components)
     post = document["paths"][PATH]["post"]

@@ -20,7 +20,7 @@ from app import admin_schemas, schemas
 from app.knowledge_openapi import knowledge_contract
 from app.settings import Settings
 from retrieval.records import max_reply_tokens
-from retrieval.text import WHITESPACE
+from retrieval.text import VISIBLE_PATTERN
 
 STRUCTS = (
     schemas.SessionCreate,
@@ -89,12 +89,21 @@ def body_schemas(settings: Settings, context_window: int) -> dict[str, Any]:
             schema["additionalProperties"] = False
     for name, field in TEXT_FIELDS.items():
         components[name]["properties"][field].update(
-            minLength=1, maxLength=settings.chat.max_content_chars, pattern=f"[^{WHITESPACE}]"
+            minLength=1, maxLength=settings.chat.max_content_chars, pattern=VISIBLE_PATTERN
         )
     for name in ("FactCreate", "FactUpdate"):
-        _string_option(components[name]["properties"]["text"])["pattern"] = f"[^{WHITESPACE}]"
+        _string_option(components[name]["properties"]["text"])["pattern"] = VISIBLE_PATTERN
     components["HistoryImport"]["properties"]["messages"]["maxItems"] = (
         settings.chat.max_import_messages
+    )
+    components["HistoryImport"]["description"] = (
+        f"At most {settings.chat.max_import_messages} messages of at most "
+        f"{settings.chat.max_content_chars} characters each, and at most "
+        f"{settings.chat.max_import_chars} characters together (else 413)."
+    )
+    components["SessionCreate"]["properties"]["metadata"]["description"] = (
+        f"Free-form JSON object, at most {settings.chat.max_metadata_bytes} bytes encoded "
+        "(else 422)."
     )
     created_at = components["HistoryMessage"]["properties"]["created_at"]
     _string_option(created_at)["pattern"] = RFC3339
@@ -129,10 +138,12 @@ def contract_document(
         body_schemas(settings, context_window)
     )
     for (path, method), struct in REQUEST_BODIES.items():
-        patched["paths"][path][method]["requestBody"] = {
+        operation = patched["paths"][path][method]
+        operation["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{struct}"}}},
         }
+        operation["responses"].setdefault("415", _problem("The body is not sent as JSON."))
     turn = patched["paths"]["/v1/sessions/{session_id}/messages"]["post"]["responses"]["200"]
     turn["content"]["text/event-stream"] = {
         "schema": {
@@ -157,6 +168,8 @@ def _security(document: dict[str, Any]) -> None:
     document["security"] = [{"apiKey": []}]
     refusals = {
         "401": "No API key, or an unknown or revoked one (outside local mode).",
+        "403": "Not allowed: an admin route without an admin key; in local mode, a request "
+        "addressed to another host, or a browser's request from another site or origin.",
         "429": "This key's rate limit is reached; see Retry-After.",
     }
     for path, operations in document["paths"].items():
@@ -167,17 +180,16 @@ def _security(document: dict[str, Any]) -> None:
                 operation["security"] = []
                 continue
             for status, why in refusals.items():
-                operation["responses"].setdefault(
-                    status,
-                    {
-                        "description": why,
-                        "content": {
-                            "application/problem+json": {
-                                "schema": {"$ref": "#/components/schemas/ProblemDetails"}
-                            }
-                        },
-                    },
-                )
+                operation["responses"].setdefault(status, _problem(why))
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {
+            "application/problem+json": {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}
+        },
+    }
 
 
 class _Contract:

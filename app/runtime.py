@@ -92,6 +92,7 @@ def _llamacpp(config: EngineSettings) -> Engine:
         context_window=config.context_window,
         num_threads=config.num_threads,
         timeout_s=config.timeout_s,
+        num_slots=config.num_slots,
     )
 
 
@@ -139,6 +140,8 @@ class Runtime:
     operations: MemoryOperations
     summaries: SummaryStore
     knowledge: KnowledgeBase
+    data_dir: Path
+    min_free_disk_bytes: int
     owns_engine: bool = field(default=True)
 
 
@@ -303,6 +306,8 @@ async def build_runtime(
             facts_share=settings.chat.facts_share,
             max_content_chars=settings.chat.max_content_chars,
             max_import_messages=settings.chat.max_import_messages,
+            max_import_chars=settings.chat.max_import_chars,
+            max_metadata_bytes=settings.chat.max_metadata_bytes,
             max_pending_turns=settings.chat.max_pending_turns,
             knowledge_k=settings.knowledge.retrieval_k,
             knowledge_share=settings.knowledge.share,
@@ -328,6 +333,8 @@ async def build_runtime(
         operations=MemoryOperations(AdminStore(store.sessionmaker), memory, knowledge),
         summaries=summaries,
         knowledge=knowledge,
+        data_dir=settings.data_dir,
+        min_free_disk_bytes=settings.min_free_disk_bytes,
         owns_engine=owns_engine,
     )
 

@@ -7,7 +7,14 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-UserId = Annotated[str, Meta(min_length=1, max_length=255)]
+from retrieval.text import INVISIBLE
+
+# A user id is addressable in a path: no "/", no control or invisible characters, no
+# space at either end, not blank.
+_ID_CHAR = f"[^/\\x00-\\x1f\\x7f{INVISIBLE}]"
+_ID_EDGE = f"[^\\s/\\x00-\\x1f\\x7f{INVISIBLE}]"
+USER_ID_PATTERN = f"^{_ID_EDGE}(?:{_ID_CHAR}*{_ID_EDGE})?$"
+UserId = Annotated[str, Meta(min_length=1, max_length=255, pattern=USER_ID_PATTERN)]
 Role = Literal["user", "assistant", "system"]
 Kind = Literal["turn", "fact", "knowledge"]
 FactCategory = Literal["identity", "constraint", "preference", "relationship", "plan", "other"]

@@ -59,7 +59,12 @@ class EngineSettings(BaseModel):
     model_path: Path | None = None
     context_window: int = Field(8192, ge=0, description="0 = the model's training context")
     num_threads: int | None = Field(None, ge=1)
-    timeout_s: float = Field(120.0, gt=0)
+    # The most one turn may hold the engine: prompt evaluation and generation together
+    # (llama.cpp checks it between 512-token prompt batches and between tokens).
+    timeout_s: float = Field(60.0, gt=0)
+    # llama.cpp: model instances, each with its own KV cache, taking turns in parallel; a
+    # long prompt holds one of them, not the engine.
+    num_slots: int = Field(2, ge=1, le=16)
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
@@ -86,6 +91,10 @@ class ChatSettings(BaseModel):
     facts_share: float = Field(0.15, ge=0, le=1)
     max_content_chars: int = Field(32_000, ge=1)
     max_import_messages: int = Field(1_000, ge=1)
+    # All messages of one import together (what one request may make the service embed).
+    max_import_chars: int = Field(400_000, ge=1)
+    # A session's (and a knowledge document's) metadata, encoded as JSON.
+    max_metadata_bytes: int = Field(16_384, ge=2)
     max_pending_turns: int = Field(8, ge=1)
     # [system][recent window][memories][message]; False puts memories before the window,
     # which breaks the engine's prefix cache every turn (for bench/prefix_cache.py).
@@ -170,6 +179,12 @@ class AccessSettings(BaseModel):
     # Made an admin key (tenant `operators`) at start when no key exists: lets a container
     # serve on its network address from the first start. At least 32 characters.
     bootstrap_admin_key: SecretStr | None = None
+    # How long an admin page sign-in lasts (its session ends earlier at sign-out or when
+    # its key is revoked).
+    admin_session_ttl_s: float = Field(8 * 3600, gt=0)
+    # Host names (besides localhost and loopback addresses) that local mode answers;
+    # any other Host is refused (DNS rebinding).
+    local_hosts: list[str] = []
 
 
 class Settings(BaseSettings):
@@ -184,6 +199,9 @@ class Settings(BaseSettings):
     database_timeout_s: float = Field(30.0, gt=0)
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # /readyz reports not ready when the data dir's filesystem has less free space: SQLite
+    # and the index files can no longer be written well before the disk is quite full.
+    min_free_disk_bytes: int = Field(100 * 1024 * 1024, ge=0)
     embedder: EmbedderSettings = EmbedderSettings()
     index: IndexSettings = IndexSettings()
     engine: EngineSettings = EngineSettings()

@@ -88,6 +88,8 @@ class ServerOptions:
     enforce_eager: bool = False
     # The smallest block the CPU backend accepts; the default (128) caches less of a prompt.
     block_size: int = 32
+    # A Jinja chat template file instead of the one the checkpoint carries.
+    chat_template: Path | None = None
 
 
 def server_command(python: Path, model_dir: Path, options: ServerOptions) -> list[str]:
@@ -102,6 +104,8 @@ def server_command(python: Path, model_dir: Path, options: ServerOptions) -> lis
     ]  # fmt: skip
     if options.enforce_eager:
         command.append("--enforce-eager")
+    if options.chat_template is not None:
+        command += ["--chat-template", str(options.chat_template)]
     return command
 
 

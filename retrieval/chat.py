@@ -7,16 +7,18 @@ every earlier turn of that session, reply included.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from retrieval.context import ContextAssembler
-from retrieval.errors import EngineBusyError, InvalidInputError
+from retrieval.errors import EngineBusyError, InvalidInputError, TooLargeError
 from retrieval.facts.service import FactHit, FactMemory, PinnedFact, fact_order
 from retrieval.knowledge import KnowledgeBase, KnowledgeHit
 from retrieval.memory import TurnMemory
@@ -43,6 +45,7 @@ from retrieval.sections import (
 )
 from retrieval.summary import SummaryState
 from retrieval.text import is_blank
+from retrieval.timeutil import as_utc
 from retrieval.timing import StageClock
 from retrieval.window import WindowKeeper, WindowView, view_of
 from storage.models import ChatSession, Message, SessionSummary, User
@@ -57,6 +60,11 @@ class ChatConfig:
     summary_share: float = 0.10
     max_content_chars: int = 32_000
     max_import_messages: int = 1_000
+    # Characters of all messages of one import together: what one request may make the
+    # service embed and index.
+    max_import_chars: int = 400_000
+    # A session's metadata, encoded as JSON.
+    max_metadata_bytes: int = 16_384
     # Turns admitted at once (generating or waiting for the engine); more are refused.
     max_pending_turns: int = 8
     # Knowledge-base chunks retrieved per turn, and their share of the prompt budget.
@@ -370,7 +378,7 @@ class ChatService:
                 self._recall.knowledge_for(tenant_id, user_pk, vector, self._config.knowledge_k),
             )
             memories = await self._recall.memories(user_pk, hits)
-        in_system, new_facts, shown_before = split_pinned(pinned, view)
+        in_system, new_facts, shown_before = split_pinned(pinned, view, as_utc(chat.created_at))
         return Found(
             memories=tuple(memories),
             knowledge=tuple(hit.retrieved() for hit in knowledge),
@@ -381,12 +389,16 @@ class ChatService:
 
     async def _keep_turn_context(self, message_id: int, report: ContextReport) -> None:
         new_facts = report.new_facts
-        sent = self._assembler.turn_context(report.memories, report.knowledge, new_facts)
-        note = [m.content for m in sent]
-        tokens = sum(self._assembler.message_tokens(self._engine.count_tokens(n)) for n in note)
+        block = self._assembler.turn_context(report.memories, report.knowledge, new_facts)
+        if not block:
+            return
         shown = [m.message_id for m in report.memories]
         await self._windows.summaries.set_context_note(
-            message_id, note, tokens, shown, [f.id for f in new_facts]
+            message_id,
+            [block],
+            self._assembler.note_tokens(block),
+            shown,
+            [f.id for f in new_facts],
         )
 
     # Without generation -------------------------------------------------------------
@@ -403,6 +415,15 @@ class ChatService:
             chat, user.tenant_id, window, vector, content, params, set(), clock=clock, persist=False
         )
 
+    def check_metadata(self, metadata: Mapping[str, Any]) -> None:
+        size = len(json.dumps(metadata, ensure_ascii=False).encode("utf-8"))
+        if size > self._config.max_metadata_bytes:
+            raise InvalidInputError(
+                "metadata",
+                f"metadata takes {size} bytes as JSON; the limit is "
+                f"{self._config.max_metadata_bytes}",
+            )
+
     async def import_history(
         self, session_id: str, messages: Sequence[ImportedMessage]
     ) -> tuple[int, int]:
@@ -415,6 +436,13 @@ class ChatService:
             )
         for position, item in enumerate(messages):
             self.validate_content(item.content, f"messages[{position}].content")
+        num_chars = sum(len(m.content) for m in messages)
+        if num_chars > self._config.max_import_chars:
+            raise TooLargeError(
+                "messages",
+                f"the messages hold {num_chars} characters together; one import takes at "
+                f"most {self._config.max_import_chars} (split it into several)",
+            )
         chat, _user = await self._store.get_session(session_id)
         new = [
             NewMessage(

@@ -1,14 +1,20 @@
 """Prompt assembly under the engine's context window, counted with the engine's tokenizer.
 
-Layout, chosen so that consecutive turns share the longest possible prompt prefix:
+Layout, chosen so that consecutive turns share the longest possible prompt prefix and
+so that the strictest chat templates take it (one system message, first; then user and
+assistant alternating, a user message first and last):
 
-    [system prompt + pinned facts + summary] [recent window, oldest first]
-    [memories] [knowledge] [new user message]
+    [system: prompt + pinned facts + summary]
+    [recent window, oldest first: each user turn opens with the context it was sent with]
+    [user: this turn's context (new facts, memories, knowledge), then the new message]
 
-The system prompt, pinned facts and summary change only when the facts do or the window
-is compacted, and the recent window changes only by appending, so an engine with a
-prefix cache reuses them; retrieved memories and knowledge chunks, which change every
-turn, come last, just before the new message.
+The system message changes only when the pinned facts do or the window is compacted,
+and the recent window changes only by appending, so an engine with a prefix cache
+reuses them; what is retrieved for this turn comes last, at the head of the new user
+message, and is kept with that message so that later prompts carry it unchanged.
+An engine whose chat template has no system role folds the system message into the
+first user message itself (`retrieval.engines.counting.fold_system`), so the layout is
+the same for every engine.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ from retrieval.facts.service import PinnedFact, fact_order
 from retrieval.protocols import ChatMessage, Engine
 from retrieval.sections import (
     FACTS_HEADER,
+    HISTORY_OPENING,
     KNOWLEDGE_HEADER,
     MEMORY_HEADER,
-    SUMMARY_HEADER,
     AssembledContext,
     ContextBudget,
     ContextReport,
@@ -31,13 +37,18 @@ from retrieval.sections import (
     RetrievedKnowledge,
     RetrievedMemory,
     SectionTokens,
-    chat_role,
+    alternate,
+    context_block,
+    facts_text,
     format_fact,
     format_knowledge,
     format_memory,
+    history_message,
     knowledge_text,
     memory_text,
     new_facts_text,
+    summary_text,
+    with_note,
 )
 
 
@@ -45,7 +56,7 @@ from retrieval.sections import (
 class _Selection:
     """The sections of one prompt other than the recent window, and the room they leave it."""
 
-    system: ChatMessage
+    system: str
     facts: tuple[PinnedFact, ...]
     new_facts: tuple[PinnedFact, ...]
     memories: tuple[RetrievedMemory, ...]
@@ -53,21 +64,23 @@ class _Selection:
     window_room: int
 
 
+def _lead(system: str) -> list[ChatMessage]:
+    return [ChatMessage("system", system), ChatMessage("user", "x")]
+
+
 class ContextAssembler:
     def __init__(self, engine: Engine, system_prompt: str, *, stable_layout: bool = True) -> None:
         self._engine = engine
-        # False puts the memories before the recent window (to measure what the layout saves).
+        # False puts this turn's context in the system message, before the recent window
+        # (to measure what the layout saves: the prefix then changes every turn).
         self._stable_layout = stable_layout
-        self._system = ChatMessage("system", system_prompt)
-        self._system_tokens = engine.count_prompt_tokens([self._system])
-        self._template_tokens = engine.count_prompt_tokens([])
+        self._static = system_prompt
+        lead = engine.count_prompt_tokens(_lead(system_prompt))
         # Template tokens around one message's content (role markers, separators).
-        probe = "x"
-        self._overhead = (
-            engine.count_prompt_tokens([self._system, ChatMessage("user", probe)])
-            - self._system_tokens
-            - engine.count_tokens(probe)
-        )
+        probe = [*_lead(system_prompt), ChatMessage("assistant", "x")]
+        self._overhead = engine.count_prompt_tokens(probe) - lead - 1
+        # The system text with the template's fixed part (generation prompt included).
+        self._system_tokens = lead - 1 - self._overhead
 
     def count_tokens(self, text: str) -> int:
         return self._engine.count_tokens(text)
@@ -125,18 +138,16 @@ class ContextAssembler:
         selection = self._select(
             new_message, memories, budget, pinned, summary, knowledge, new_facts
         )
-        system, chosen_facts, chosen_new = selection.system, selection.facts, selection.new_facts
         chosen_memories, chosen_knowledge = selection.memories, selection.knowledge
         chosen_recent = self._fit_recent(recent, selection.window_room)
 
         def layout() -> list[ChatMessage]:
-            return self._layout(
-                system, new_message, chosen_memories, chosen_recent, chosen_knowledge, chosen_new
-            )
+            block = context_block(selection.new_facts, chosen_memories, chosen_knowledge)
+            return self.layout(selection.system, chosen_recent, block, new_message)
 
         messages = layout()
         prompt_tokens = self._engine.count_prompt_tokens(messages)
-        # Estimates are per message; the exact count of the rendered prompt decides.
+        # Estimates are per section; the exact count of the rendered prompt decides.
         while prompt_tokens > available and chosen_recent:
             chosen_recent = chosen_recent[1:]
             messages = layout()
@@ -149,16 +160,19 @@ class ContextAssembler:
             chosen_knowledge = chosen_knowledge[:-1]
             messages = layout()
             prompt_tokens = self._engine.count_prompt_tokens(messages)
+        chosen_facts, chosen_new = selection.facts, selection.new_facts
         chosen_ids = {f.id for f in [*chosen_facts, *chosen_new]}
         report = ContextReport(
             memories=tuple(chosen_memories),
             recent_message_ids=tuple(t.message_id for t in chosen_recent),
             sections=self._sections(
                 messages,
-                self._num_history_messages(chosen_recent),
                 prompt_tokens,
-                num_knowledge=int(bool(chosen_knowledge)),
-                num_new_facts=int(bool(chosen_new)),
+                recent=chosen_recent,
+                facts=chosen_facts,
+                new_facts=chosen_new,
+                memories=chosen_memories,
+                knowledge=chosen_knowledge,
             ),
             prompt_tokens=prompt_tokens,
             context_window=budget.context_window,
@@ -174,17 +188,47 @@ class ContextAssembler:
         )
         return AssembledContext(messages=tuple(messages), report=report)
 
-    def system_message(self, facts: Sequence[PinnedFact], summary: str) -> ChatMessage:
+    def system_text(self, facts: Sequence[PinnedFact], summary: str) -> str:
         """The static prompt, the pinned facts, the session summary: the prompt's prefix
         changes only when the facts or the summary do."""
-        parts = [self._system.content]
+        parts = [self._static]
         if facts:
-            parts.append("\n".join([FACTS_HEADER, *(format_fact(f) for f in facts)]))
+            parts.append(facts_text(facts))
         if summary:
-            parts.append(f"{SUMMARY_HEADER}\n{summary}")
-        if len(parts) == 1:
-            return self._system
-        return ChatMessage("system", "\n\n".join(parts))
+            parts.append(summary_text(summary))
+        return "\n\n".join(parts)
+
+    def layout(
+        self, system: str, recent: Sequence[RecentTurn], block: str, new_message: str
+    ) -> list[ChatMessage]:
+        """The prompt's messages: the system text, the window, this turn's message opened
+        by its context `block`."""
+        system, block = self._place(system, block)
+        turns = [history_message(t) for t in recent]
+        messages = alternate([*turns, ChatMessage("user", with_note(block, new_message))])
+        return [ChatMessage("system", system), *messages]
+
+    def _place(self, system: str, block: str) -> tuple[str, str]:
+        """(system text, block of the new message): the unstable layout moves the block
+        into the system text."""
+        if self._stable_layout or not block:
+            return system, block
+        return f"{system}\n\n{block}", ""
+
+    def turn_context(
+        self,
+        memories: Sequence[RetrievedMemory],
+        knowledge: Sequence[RetrievedKnowledge],
+        new_facts: Sequence[PinnedFact] = (),
+    ) -> str:
+        """This turn's context block, as its user message carries it ("" for none)."""
+        if not self._stable_layout:
+            return ""
+        return context_block(new_facts, memories, knowledge)
+
+    def note_tokens(self, note: str) -> int:
+        """What a kept context block adds to its user message (with its line break)."""
+        return self._engine.count_tokens(f"{note}\n") if note else 0
 
     def _select(
         self,
@@ -199,23 +243,24 @@ class ContextAssembler:
         """Every section but the window, each fitted to its share, and what they leave."""
         chosen_facts = self.fit_facts(pinned, budget)
         chosen_new = self.fit_facts(new_facts, budget, self._facts_cost(chosen_facts))
-        system = self.system_message(chosen_facts, summary)
+        system = self.system_text(chosen_facts, summary)
         content_tokens = self._engine.count_tokens(new_message)
-        fixed = self._engine.count_prompt_tokens([system]) + self.message_tokens(content_tokens)
+        fixed = self._system_message_tokens(system) + self.message_tokens(content_tokens)
         chosen_memories = self._fit_memories(memories, budget.share(budget.memory_share))
         chosen_knowledge = self._fit_knowledge(knowledge, budget.share(budget.knowledge_share))
-        per_turn = self._memory_section_tokens(chosen_memories)
-        per_turn += self._knowledge_section_tokens(chosen_knowledge)
-        if chosen_new:
-            per_turn += self.message_tokens(self._engine.count_tokens(new_facts_text(chosen_new)))
+        block = context_block(chosen_new, chosen_memories, chosen_knowledge)
         return _Selection(
             system=system,
             facts=tuple(chosen_facts),
             new_facts=tuple(chosen_new),
             memories=tuple(chosen_memories),
             knowledge=tuple(chosen_knowledge),
-            window_room=budget.available - fixed - per_turn,
+            window_room=budget.available - fixed - self.note_tokens(block),
         )
+
+    def _system_message_tokens(self, system: str) -> int:
+        """Tokens of the system text with its template (without the first user message)."""
+        return self._engine.count_prompt_tokens(_lead(system)) - self._overhead - 1
 
     def window_budget_at_full_shares(
         self, budget: ContextBudget, facts: Sequence[PinnedFact], content_tokens: int
@@ -223,7 +268,7 @@ class ContextAssembler:
         """Tokens the recent window may hold with the summary, memories and knowledge at
         their full shares: a window this size fits whatever the turn retrieves and
         however the summary grows (the most a compaction may leave)."""
-        system = self._engine.count_prompt_tokens([self.system_message(facts, "")])
+        system = self._system_message_tokens(self.system_text(facts, ""))
         return (
             budget.available
             - system
@@ -262,52 +307,51 @@ class ContextAssembler:
     def _sections(
         self,
         messages: Sequence[ChatMessage],
-        num_recent: int,
         prompt_tokens: int,
-        num_knowledge: int = 0,
-        num_new_facts: int = 0,
+        *,
+        recent: Sequence[RecentTurn],
+        facts: Sequence[PinnedFact],
+        new_facts: Sequence[PinnedFact],
+        memories: Sequence[RetrievedMemory],
+        knowledge: Sequence[RetrievedKnowledge],
     ) -> SectionTokens:
-        """Exact section sizes, as differences of whole-prompt counts of growing prefixes."""
-        count = self._engine.count_prompt_tokens
-        with_static = self._system_tokens
-        system = messages[0].content
-        cut = system.find(f"\n\n{SUMMARY_HEADER}")
-        with_facts = (
-            count([ChatMessage("system", system[:cut])]) if cut >= 0 else count(messages[:1])
-        )
-        with_system = count(messages[:1])
-        num_memories = len(messages) - 2 - num_recent - num_knowledge - num_new_facts
-        # Stable: [system] [recent] [new facts] [memories] [knowledge] [new message];
-        # otherwise the per-turn part comes before [recent].
-        start = 1 + num_recent if self._stable_layout else 1
-        with_recent = count(messages[:start])
-        with_new_facts = count(messages[: start + num_new_facts])
-        with_memories = count(messages[: start + num_new_facts + num_memories])
-        with_knowledge = count(messages[: start + num_new_facts + num_memories + num_knowledge])
-        recent = with_recent - with_system
-        if not self._stable_layout:
-            recent = count(messages[:-1]) - with_knowledge
-        return SectionTokens(
-            system=with_static - self._template_tokens,
-            facts=with_facts - with_static + with_new_facts - with_recent,
-            summary=with_system - with_facts,
-            recent=recent,
-            memories=with_memories - with_new_facts,
-            new_message=prompt_tokens - count(messages[:-1]),
-            template=self._template_tokens,
-            knowledge=with_knowledge - with_memories,
-        )
+        """Section sizes that add up to the prompt: each section's text in tokens, and
+        `template` for what the chat template adds around the messages' contents.
 
-    def _memory_section_tokens(self, memories: Sequence[RetrievedMemory]) -> int:
-        if not memories:
-            return 0
-        return self.message_tokens(self._engine.count_tokens(memory_text(memories)))
+        The summary is the rest of the system message after the static prompt and the
+        facts; the recent window is the window's turns as their messages show them (the
+        line opening a window that starts with the assistant's included); the new
+        message is the rest, with the frame lines of this turn's context and the breaks
+        between turns that share a message.
+        """
+        count = self._engine.count_tokens
+        contents = [count(m.content) for m in messages]
+        static = count(self._static)
+        with_facts = count(self.system_text(facts, "")) if facts else static
+        new_facts_tokens = count(new_facts_text(new_facts)) if new_facts else 0
+        memory_tokens = count(memory_text(memories)) if memories else 0
+        knowledge_tokens = count(knowledge_text(knowledge)) if knowledge else 0
+        per_turn = new_facts_tokens + memory_tokens + knowledge_tokens
+        window = sum(count(history_message(t).content) for t in recent)
+        if messages[1].content == HISTORY_OPENING:
+            window += contents[1]
+        in_system = 0 if self._stable_layout else per_turn
+        return SectionTokens(
+            system=static,
+            facts=with_facts - static + new_facts_tokens,
+            summary=contents[0] - with_facts - in_system,
+            recent=window,
+            memories=memory_tokens,
+            new_message=sum(contents[1:]) - window - (per_turn - in_system),
+            template=prompt_tokens - sum(contents),
+            knowledge=knowledge_tokens,
+        )
 
     def _fit_memories(
         self, memories: Sequence[RetrievedMemory], limit: int
     ) -> list[RetrievedMemory]:
         chosen: list[RetrievedMemory] = []
-        used = self.message_tokens(self._engine.count_tokens(MEMORY_HEADER))
+        used = self._engine.count_tokens(MEMORY_HEADER) + 2
         for memory in memories:
             cost = self._engine.count_tokens(format_memory(memory)) + 1
             if used + cost > limit:
@@ -316,17 +360,12 @@ class ContextAssembler:
             used += cost
         return chosen
 
-    def _knowledge_section_tokens(self, chunks: Sequence[RetrievedKnowledge]) -> int:
-        if not chunks:
-            return 0
-        return self.message_tokens(self._engine.count_tokens(knowledge_text(chunks)))
-
     def _fit_knowledge(
         self, chunks: Sequence[RetrievedKnowledge], limit: int
     ) -> list[RetrievedKnowledge]:
         """The best chunks that fit the knowledge share, best first."""
         chosen: list[RetrievedKnowledge] = []
-        used = self.message_tokens(self._engine.count_tokens(KNOWLEDGE_HEADER))
+        used = self._engine.count_tokens(KNOWLEDGE_HEADER) + 2
         for chunk in chunks:
             cost = self._engine.count_tokens(format_knowledge(chunk)) + 1
             if used + cost > limit:
@@ -336,52 +375,16 @@ class ContextAssembler:
         return chosen
 
     def _fit_recent(self, recent: Sequence[RecentTurn], limit: int) -> list[RecentTurn]:
-        """The newest turns that fit, oldest first."""
+        """The newest turns that fit, oldest first (a window that would open with the
+        assistant's message also pays for the line that opens it instead)."""
+        opening = self.message_tokens(self._engine.count_tokens(HISTORY_OPENING))
         chosen: list[RecentTurn] = []
         used = 0
         for turn in reversed(recent):
             cost = self.message_tokens(turn.token_count)
-            if used + cost > limit:
+            if used + cost + (opening if turn.role == "assistant" else 0) > limit:
                 break
             chosen.append(turn)
             used += cost
         chosen.reverse()
         return chosen
-
-    def _layout(
-        self,
-        system: ChatMessage,
-        new_message: str,
-        memories: Sequence[RetrievedMemory],
-        recent: Sequence[RecentTurn],
-        knowledge: Sequence[RetrievedKnowledge] = (),
-        new_facts: Sequence[PinnedFact] = (),
-    ) -> list[ChatMessage]:
-        found = self.turn_context(memories, knowledge, new_facts)
-        if not self._stable_layout:
-            history = [ChatMessage(chat_role(t.role), t.text) for t in recent]
-            return [system, *found, *history, ChatMessage("user", new_message)]
-        history = []
-        for turn in recent:
-            history += [ChatMessage("system", note) for note in turn.note]
-            history.append(ChatMessage(chat_role(turn.role), turn.text))
-        return [system, *history, *found, ChatMessage("user", new_message)]
-
-    def _num_history_messages(self, recent: Sequence[RecentTurn]) -> int:
-        if not self._stable_layout:
-            return len(recent)
-        return len(recent) + sum(len(t.note) for t in recent)
-
-    def turn_context(
-        self,
-        memories: Sequence[RetrievedMemory],
-        knowledge: Sequence[RetrievedKnowledge],
-        new_facts: Sequence[PinnedFact] = (),
-    ) -> list[ChatMessage]:
-        """This turn's context, as the messages just before the new message."""
-        found = [ChatMessage("system", new_facts_text(new_facts))] if new_facts else []
-        if memories:
-            found.append(ChatMessage("system", memory_text(memories)))
-        if knowledge:
-            found.append(ChatMessage("system", knowledge_text(knowledge)))
-        return found

@@ -54,5 +54,9 @@ class UnsupportedDocumentError(InvalidInputError):
     """An uploaded file of a kind the knowledge base does not take."""
 
 
-class DocumentTooLargeError(InvalidInputError):
+class TooLargeError(InvalidInputError):
+    """Input over a configured size limit (a 413 at the edge)."""
+
+
+class DocumentTooLargeError(TooLargeError):
     """An uploaded file or text over the configured size limit."""

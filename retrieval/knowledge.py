@@ -30,6 +30,7 @@ from retrieval.chunking import Chunk, Chunker
 from retrieval.errors import DocumentTooLargeError, InvalidInputError, RetrievalError
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
 from retrieval.sections import RetrievedKnowledge
+from retrieval.text import is_blank
 from storage.errors import NotFoundError, StorageError
 from storage.knowledge import (
     FAILED,
@@ -142,7 +143,7 @@ class KnowledgeBase:
         before is processed again; one being processed is left to finish.
         """
         text = normalise(upload.text)
-        if not text:
+        if is_blank(text):
             raise InvalidInputError("text", "the document has no text")
         if len(text) > self._config.max_document_chars:
             raise DocumentTooLargeError(

@@ -180,7 +180,7 @@ class WindowTurn:
     token_count: int
     created_at: dt.datetime
     # The per-turn context this message was sent with, as sent (user messages of turns).
-    note: tuple[str, ...] = ()
+    note: str = ""
     note_ids: tuple[int, ...] = ()
     note_fact_ids: tuple[int, ...] = ()
 

@@ -101,15 +101,19 @@ def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
 
 
 def split_pinned(
-    pinned: Sequence[PinnedFact], view: WindowView
+    pinned: Sequence[PinnedFact], view: WindowView, session_started: dt.datetime
 ) -> tuple[list[PinnedFact], list[PinnedFact], list[PinnedFact]]:
     """(in the system message, new this turn, shown by an earlier turn in the window).
 
-    The system message carries the facts pinned as of the window's last compaction;
-    facts pinned since are shown once, in a turn's own context, which the transcript
-    then keeps: a new fact never changes the prompt's prefix.
+    The system message carries the facts pinned as of the window's last compaction, or,
+    before the session's first compaction, the facts that existed when the session
+    began; facts pinned since are shown once, in a turn's own context, which the
+    transcript then keeps: a new fact never changes the prompt's prefix.
     """
-    snapshot = view.state.pinned_fact_ids
+    if view.state.version:
+        snapshot = view.state.pinned_fact_ids
+    else:
+        snapshot = frozenset(f.id for f in pinned if f.created_at <= session_started)
     in_notes = {i for t in view.turns for i in t.note_fact_ids}
     in_system = [f for f in pinned if f.id in snapshot]
     new = [f for f in pinned if f.id not in snapshot and f.id not in in_notes]

@@ -147,7 +147,12 @@ def _num_to_evict(
     while by_tokens < len(live) and remaining > policy.low_water_tokens:
         remaining -= message_tokens(live[by_tokens].token_count)
         by_tokens += 1
-    return min(len(live), max(by_count, by_tokens))
+    num = min(len(live), max(by_count, by_tokens))
+    # The window opens with the user's message (chat templates want a user first): an
+    # assistant's message left first goes with the exchange before it.
+    while 0 < num < len(live) and live[num].role == "assistant":
+        num += 1
+    return num
 
 
 # Summarizers --------------------------------------------------------------------------
@@ -165,6 +170,16 @@ _NUMBER = re.compile(r"\d")
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|my|me)\b|我", re.IGNORECASE)
 MAX_SENTENCE_CHARS = 240
 SUMMARY_LINE = re.compile(r"^- \[(?P<date>[^\]]*)\] (?P<speaker>[^:]+): (?P<text>.*)$")
+
+
+def summary_speaker(turn: WindowTurn) -> str:
+    """The speaker of a summary line: the turn's role, then the client's name, on one
+    line and without a colon, so that a name can neither start a line nor pose as a
+    role ("user (Caroline)")."""
+    if not turn.name:
+        return turn.role
+    name = " ".join(turn.name.replace(":", " ").split())
+    return f"{turn.role} ({name})" if name else turn.role
 
 
 def salience(sentence: str, role: str) -> int:
@@ -194,7 +209,7 @@ class ExtractiveSummarizer:
             for sentence in _SENTENCE.findall(turn.text):
                 sentence = " ".join(sentence.split())[:MAX_SENTENCE_CHARS]
                 if sentence and salience(sentence, turn.role) > 0:
-                    lines.append(f"- [{stamp}] {turn.speaker}: {sentence}")
+                    lines.append(f"- [{stamp}] {summary_speaker(turn)}: {sentence}")
         return "\n".join(self._fit(lines, max_tokens))
 
     def _fit(self, lines: list[str], max_tokens: int) -> list[str]:
@@ -216,7 +231,7 @@ def _line_salience(line: str) -> int:
     match = SUMMARY_LINE.match(line)
     if match is None:
         return 0
-    role = "assistant" if match["speaker"] == "assistant" else "user"
+    role = "assistant" if match["speaker"].startswith("assistant") else "user"
     return salience(match["text"], role)
 
 

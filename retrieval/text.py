@@ -7,7 +7,16 @@ import re
 # Whitespace as JSON Schema patterns (ECMA-262 `\s`) define it, so that the documented
 # pattern and this check agree on what counts as blank.
 WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-_BLANK = re.compile(f"^[{WHITESPACE}]*$")
+# Characters that show nothing: zero-width spaces and joiners, direction marks and
+# embeddings, the soft hyphen, variation selectors, Hangul fillers. Text made only of
+# these and whitespace is blank.
+INVISIBLE = (
+    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\u3164\ufe00-\ufe0f\uffa0"
+)
+_BLANK = re.compile(f"^[{WHITESPACE}{INVISIBLE}]*$")
+# A non-blank character, as the API documents it (a JSON Schema pattern).
+VISIBLE_PATTERN = f"[^{WHITESPACE}{INVISIBLE}]"
 
 # Scripts written without spaces between words: Hiragana, Katakana, CJK ideographs
 # (extension A and the main block), Hangul syllables and compatibility ideographs.

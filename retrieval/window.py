@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from retrieval.context import ContextAssembler
 from retrieval.facts.service import PinnedFact
 from retrieval.protocols import Summarizer, WindowTurn
-from retrieval.sections import ContextBudget
+from retrieval.sections import ContextBudget, is_context_block
 from retrieval.summary import SummaryState, WindowPolicy, plan_compaction
 from retrieval.timeutil import as_utc
 from storage.errors import ConflictError
@@ -41,6 +41,10 @@ class WindowView:
 
 
 def window_turn(row: Message) -> WindowTurn:
+    """A stored message as the window shows it. A context note kept by an earlier
+    version (not one block of the current format) is not re-inserted."""
+    notes = row.context_note or []
+    kept = len(notes) == 1 and is_context_block(notes[0])
     return WindowTurn(
         message_id=row.id,
         seq=row.seq,
@@ -48,11 +52,11 @@ def window_turn(row: Message) -> WindowTurn:
         name=row.name,
         text=row.content,
         # What the message takes in a prompt, its re-inserted context included.
-        token_count=row.token_count + row.context_note_tokens,
+        token_count=row.token_count + (row.context_note_tokens if kept else 0),
         created_at=as_utc(row.created_at),
-        note=tuple(row.context_note or ()),
-        note_ids=tuple(row.context_note_ids or ()),
-        note_fact_ids=tuple(row.context_note_fact_ids or ()),
+        note=notes[0] if kept else "",
+        note_ids=tuple(row.context_note_ids or ()) if kept else (),
+        note_fact_ids=tuple(row.context_note_fact_ids or ()) if kept else (),
     )
 
 

@@ -6,15 +6,16 @@ random bits, so a fast hash is as good as a slow one here: nobody can guess a pr
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from storage.errors import NotFoundError
-from storage.models import ApiKey, AuditEntry, Tenant, utc_now
+from storage.models import AdminSession, ApiKey, AuditEntry, Tenant, utc_now
 from storage.repository import Store
 
 SECRET_PREFIX = "mck_"
@@ -37,6 +38,18 @@ class KeyOwner:
     tenant_name: str
     is_admin: bool
     requests_per_minute: int | None
+
+
+def _owner(key: ApiKey, tenant_name: str) -> KeyOwner:
+    return KeyOwner(
+        key.id,
+        key.name,
+        key.prefix,
+        key.tenant_id,
+        tenant_name,
+        key.is_admin,
+        key.requests_per_minute,
+    )
 
 
 class AccessStore(Store):
@@ -117,18 +130,52 @@ class AccessStore(Store):
                     .where(ApiKey.key_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
                 )
             ).first()
-        if row is None:
-            return None
-        key, tenant_name = row
-        return KeyOwner(
-            key.id,
-            key.name,
-            key.prefix,
-            key.tenant_id,
-            tenant_name,
-            key.is_admin,
-            key.requests_per_minute,
-        )
+        return None if row is None else _owner(*row)
+
+    # Admin page sessions ----------------------------------------------------------------
+
+    async def create_admin_session(self, key_id: int, ttl_s: float) -> str:
+        """A new session of the admin page for an admin key; returns its token (only its
+        hash is stored)."""
+        token = secrets.token_urlsafe(32)
+        now = utc_now()
+        async with self._transaction() as session:
+            session.add(
+                AdminSession(
+                    token_hash=hash_secret(token),
+                    key_id=key_id,
+                    created_at=now,
+                    expires_at=now + dt.timedelta(seconds=ttl_s),
+                )
+            )
+        return token
+
+    async def get_session_owner_or_none(self, token: str) -> KeyOwner | None:
+        """The owner of a live admin session: not expired, its key not revoked."""
+        async with self._transaction() as session:
+            row = (
+                await session.execute(
+                    select(ApiKey, Tenant.name)
+                    .join(AdminSession, AdminSession.key_id == ApiKey.id)
+                    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                    .where(
+                        AdminSession.token_hash == hash_secret(token),
+                        AdminSession.expires_at > utc_now(),
+                        ApiKey.revoked_at.is_(None),
+                    )
+                )
+            ).first()
+        return None if row is None else _owner(*row)
+
+    async def delete_admin_session(self, token: str) -> None:
+        """Sign out; expired sessions of any key go at the same time."""
+        async with self._transaction() as session:
+            await session.execute(
+                delete(AdminSession).where(
+                    (AdminSession.token_hash == hash_secret(token))
+                    | (AdminSession.expires_at <= utc_now())
+                )
+            )
 
     async def has_active_keys(self) -> bool:
         async with self._transaction() as session:

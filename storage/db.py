@@ -58,6 +58,23 @@ def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+def _is_data_exception(exc: DBAPIError) -> bool:
+    """A value the database refuses (SQLSTATE class 22, "data exception": text with NUL,
+    a timestamp out of range, a number too large), whether the server or the driver found
+    it: bad input, not an outage."""
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(sqlstate, str) and sqlstate.startswith("22"):
+        return True
+    # asyncpg refuses some values before they reach the server ("invalid input for query
+    # argument $1"), as its own DataError, which SQLAlchemy passes on as a DBAPIError.
+    return type(orig).__name__ in ("DataError", "ValueError", "OverflowError") or any(
+        type(cause).__name__ in ("DataError", "OverflowError")
+        for cause in (getattr(orig, "__cause__", None), getattr(orig, "__context__", None))
+        if cause is not None
+    )
+
+
 @asynccontextmanager
 async def transaction(
     sessionmaker: async_sessionmaker[AsyncSession],
@@ -70,5 +87,9 @@ async def transaction(
         raise ConflictError(str(exc.orig)) from exc
     except DataError as exc:
         raise InvalidDataError(str(exc.orig)) from exc
-    except (OperationalError, DBAPIError, OSError) as exc:
+    except (OperationalError, OSError) as exc:
+        raise DatabaseUnavailableError(str(exc)) from exc
+    except DBAPIError as exc:
+        if _is_data_exception(exc):
+            raise InvalidDataError(str(exc.orig)) from exc
         raise DatabaseUnavailableError(str(exc)) from exc

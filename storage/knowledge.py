@@ -15,7 +15,7 @@ from sqlalchemy import delete, func, insert, or_, select, update
 
 from storage.errors import ConflictError, NotFoundError
 from storage.models import KnowledgeChunk, KnowledgeDocument, User, utc_now
-from storage.repository import Store
+from storage.repository import Store, is_uuid
 
 PROCESSING = "processing"
 READY = "ready"
@@ -163,6 +163,8 @@ class KnowledgeStore(Store):
 
     async def get_document(self, document_id: str) -> tuple[KnowledgeDocument, str | None]:
         """A document and its owner's user id (None for shared knowledge)."""
+        if not is_uuid(document_id):
+            raise NotFoundError("document", document_id)
         async with self._transaction() as session:
             row = (
                 await session.execute(
@@ -270,6 +272,8 @@ class KnowledgeStore(Store):
 
     async def delete_document(self, document_id: str) -> tuple[int, list[int]]:
         """Delete a document and its chunks; returns its scope and chunk ids."""
+        if not is_uuid(document_id):
+            raise NotFoundError("document", document_id)
         async with self._transaction() as session:
             document = await session.get(KnowledgeDocument, document_id)
             if document is None:

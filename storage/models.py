@@ -19,7 +19,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 # Stable constraint names keep Alembic diffs identical on SQLite and PostgreSQL.
 NAMING_CONVENTION = {
@@ -36,6 +38,34 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """An instant, stored in UTC and read back in UTC on every backend.
+
+    SQLite keeps no zone: a value written with its offset would be read back as if it
+    were UTC (`+05:00` losing five hours). Values are converted to UTC before they are
+    bound, so both databases keep the instant; a naive value is taken as UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
 
 class Base(DeclarativeBase):
@@ -56,7 +86,7 @@ class Tenant(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
 
 
 class ApiKey(Base):
@@ -75,8 +105,8 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     # None: the service's default (MEMCHAT_ACCESS__REQUESTS_PER_MINUTE).
     requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
-    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 
 
 class AuditEntry(Base):
@@ -85,11 +115,37 @@ class AuditEntry(Base):
     __tablename__ = "audit_log"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
     actor: Mapped[str] = mapped_column(String(300))
     action: Mapped[str] = mapped_column(String(64))
     target: Mapped[str] = mapped_column(String(300))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class AdminSession(Base):
+    """A signed-in browser of the admin page. The cookie holds a random token, never the
+    key; only the token's SHA-256 is stored. A session ends at `expires_at`, at sign-out,
+    or when its key is revoked."""
+
+    __tablename__ = "admin_sessions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("api_keys.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    expires_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+class ReadinessProbe(Base):
+    """One row that `/readyz` rewrites: a database that cannot take a write (a full disk,
+    a read-only replica) is not ready, though it still answers reads."""
+
+    __tablename__ = "readiness_probe"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checked_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
 
 
 class User(Base):
@@ -107,7 +163,7 @@ class User(Base):
         server_default=str(DEFAULT_TENANT_ID),
     )
     external_id: Mapped[str] = mapped_column(String(255))
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
     # Key facts are extracted from this user's messages up to this id (see FactWorker).
     facts_through_message_id: Mapped[int] = mapped_column(BigId, default=0, server_default="0")
 
@@ -123,7 +179,7 @@ class ChatSession(Base):
     )
     title: Mapped[str | None] = mapped_column(String(500), nullable=True)
     metadata_json: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
 
 
 class Message(Base):
@@ -145,7 +201,7 @@ class Message(Base):
     role: Mapped[str] = mapped_column(String(16))
     name: Mapped[str | None] = mapped_column(String(255), nullable=True)
     content: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
     external_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
     token_count: Mapped[int] = mapped_column(Integer, default=0)
     # The per-turn context a user message was sent with (retrieved memories, knowledge),
@@ -195,11 +251,11 @@ class Fact(Base):
     status: Mapped[str] = mapped_column(String(16), default="active")
     is_pinned: Mapped[bool] = mapped_column(Boolean, default=False)
     priority: Mapped[int] = mapped_column(Integer, default=0)
-    valid_from: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
-    valid_to: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    valid_from: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    valid_to: Mapped[dt.datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     source_message_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
     # The fact's text embedded for search, with the model that made it.
     model: Mapped[str | None] = mapped_column(String(255), nullable=True)
     vector: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
@@ -216,7 +272,7 @@ class FactChange(Base):
     )
     action: Mapped[str] = mapped_column(String(32))
     actor: Mapped[str] = mapped_column(String(64))
-    changed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
     before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
@@ -246,7 +302,7 @@ class SessionSummary(Base):
     text: Mapped[str] = mapped_column(Text)
     summarizer: Mapped[str] = mapped_column(String(64))
     token_count: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
 
 
 class KnowledgeDocument(Base):
@@ -284,8 +340,8 @@ class KnowledgeDocument(Base):
     num_chars: Mapped[int] = mapped_column(Integer)
     num_chunks: Mapped[int] = mapped_column(Integer, default=0)
     num_chunks_indexed: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
 
 
 class KnowledgeChunk(Base):

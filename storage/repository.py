@@ -9,15 +9,31 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, text
+from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from storage.db import transaction
 from storage.errors import NotFoundError
-from storage.models import ChatSession, Message, MessageEmbedding, User, utc_now
+from storage.models import (
+    ChatSession,
+    Message,
+    MessageEmbedding,
+    ReadinessProbe,
+    User,
+    utc_now,
+)
 
 # The largest id a BigInteger column holds.
 MAX_ID = 2**63 - 1
+
+
+def is_uuid(value: str) -> bool:
+    """Session and document ids are UUIDs: anything else names no row (and is never sent
+    to the database, which may refuse it as a value: NUL)."""
+    try:
+        return str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +91,14 @@ class Store:
         async with self._transaction() as session:
             await session.execute(text("SELECT 1"))
 
+    async def check_writable(self) -> None:
+        """Rewrite the readiness row and commit: raises where the database answers reads
+        but takes no writes (a full disk, a read-only replica)."""
+        async with self._transaction() as session:
+            await session.execute(
+                update(ReadinessProbe).where(ReadinessProbe.id == 1).values(checked_at=utc_now())
+            )
+
     # Users and sessions -------------------------------------------------------------
 
     # A user is known by the client's id within a tenant: every lookup names the tenant.
@@ -119,6 +143,8 @@ class Store:
         return chat, user
 
     async def get_session(self, session_id: str) -> tuple[ChatSession, User]:
+        if not is_uuid(session_id):
+            raise NotFoundError("session", session_id)
         async with self._transaction() as session:
             return await _session_and_user(session, session_id)
 

@@ -15,6 +15,7 @@ from app.settings import Settings
 from retrieval.protocols import Embedder, Engine
 from storage import migrate
 from storage.db import create_engine
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -86,7 +87,7 @@ async def client(
     settings: Settings, embedder: Embedder, engine: Engine
 ) -> AsyncIterator[AsyncTestClient]:
     app = create_app(settings, embedder=embedder, engine=engine)
-    async with AsyncTestClient(app=app) as test_client:
+    async with local_client(app) as test_client:
         yield test_client
 
 

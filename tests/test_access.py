@@ -17,6 +17,7 @@ from app.factory import create_app
 from app.settings import AccessSettings, Settings
 from storage.access import AccessStore
 from storage.db import create_engine, create_sessionmaker
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 
 
@@ -53,7 +54,7 @@ async def keys(database_url: str) -> Keys:
 async def client(settings: Settings, keys: Keys) -> AsyncIterator[AsyncTestClient]:
     engine = ScriptedEngine(["Noted."] * 20)
     app = create_app(settings, embedder=HashEmbedder(), engine=engine)
-    async with AsyncTestClient(app=app) as test_client:
+    async with local_client(app) as test_client:
         yield test_client
 
 
@@ -243,7 +244,7 @@ async def test_local_mode_runs_in_the_default_tenant_and_refuses_open_addresses(
     settings: Settings,
 ) -> None:
     app = create_app(settings, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         created = await client.post("/v1/sessions", json={"user_id": "alice"})
         assert created.status_code == 201
         assert (await client.get("/admin/v1/tenants")).status_code == 200
@@ -253,7 +254,7 @@ async def test_local_mode_runs_in_the_default_tenant_and_refuses_open_addresses(
     exposed = settings.model_copy(update={"host": "0.0.0.0"})
     app = create_app(exposed, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
     with pytest.raises(ExceptionGroup) as raised:  # the lifespan's task group wraps it
-        async with AsyncTestClient(app=app):
+        async with local_client(app):
             pass
     (refusal,) = raised.value.exceptions
     assert isinstance(refusal, LocalModeRefusedError)
@@ -261,7 +262,7 @@ async def test_local_mode_runs_in_the_default_tenant_and_refuses_open_addresses(
 
     await make_keys(settings.resolved_database_url())
     app = create_app(exposed, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         assert (await client.post("/v1/sessions", json={"user_id": "x"})).status_code == 401
 
 
@@ -273,7 +274,7 @@ async def test_a_bootstrap_admin_key_lets_a_container_serve_on_its_address(
     )
     app = create_app(short, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
     with pytest.raises(ExceptionGroup) as raised:
-        async with AsyncTestClient(app=app):
+        async with local_client(app):
             pass
     assert "at least 32 characters" in str(raised.value.exceptions[0])
 
@@ -285,12 +286,12 @@ async def test_a_bootstrap_admin_key_lets_a_container_serve_on_its_address(
         }
     )
     app = create_app(exposed, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         assert (await client.get("/admin/v1/tenants")).status_code == 401
         tenants = await client.get("/admin/v1/tenants", headers=bearer(secret))
         assert [t["name"] for t in tenants.json()["tenants"]] == ["default", "operators"]
     # Once keys exist, the variable adds nothing at the next start.
     app = create_app(exposed, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         keys = (await client.get("/admin/v1/tenants", headers=bearer(secret))).json()
         assert [t["num_active_keys"] for t in keys["tenants"]] == [0, 1]

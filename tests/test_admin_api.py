@@ -26,6 +26,7 @@ from storage.models import (
     SessionSummary,
     User,
 )
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_access import Keys, bearer, make_keys
 
@@ -38,7 +39,7 @@ async def keys(database_url: str) -> Keys:
 @pytest.fixture
 async def client(settings: Settings, keys: Keys) -> AsyncIterator[AsyncTestClient]:
     app = create_app(settings, embedder=HashEmbedder(), engine=ScriptedEngine(["Noted."] * 20))
-    async with AsyncTestClient(app=app) as test_client:
+    async with local_client(app) as test_client:
         yield test_client
 
 

@@ -18,6 +18,7 @@ from litestar.testing import AsyncTestClient
 from app.factory import create_app
 from app.runtime import build_chroma_index
 from app.settings import KnowledgeSettings, Settings
+from tests.clients import local_client
 from tests.documents import HANDBOOK_MD, make_pdf
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import free_port
@@ -212,7 +213,7 @@ async def test_bad_files_are_refused_and_nothing_is_stored(
         embedder=HashEmbedder(),
         engine=ScriptedEngine(),
     )
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         body = assert_problem(await upload(client, filename, data), status, "file")
         assert body["detail"].startswith(f"file: {detail}")
         assert body["errors"][0]["message"] == body["detail"].removeprefix("file: ")
@@ -250,7 +251,7 @@ async def test_large_documents_are_processed_in_the_background(
     )
     text = "\n\n".join(f"Fact number {n} is that the code word is w{n}x." for n in range(10))
     app = create_app(settings, embedder=HashEmbedder(), engine=ScriptedEngine())
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         accepted = await add_text(client, "Facts", text, status=202)
         assert (accepted["status"], accepted["num_chunks"], accepted["num_chunks_indexed"]) == (
             "processing",
@@ -273,7 +274,7 @@ async def test_a_vector_store_that_is_down_is_a_503_and_nothing_is_lost(
         embedder=HashEmbedder(),
         engine=ScriptedEngine(),
     )
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         for _attempt in range(2):
             response = await client.post("/v1/knowledge", json={"title": "T", "text": "Kept."})
             body = assert_problem(response, 503)

@@ -10,7 +10,8 @@ from litestar.testing import AsyncTestClient
 from app.factory import create_app
 from app.settings import Settings
 from retrieval.errors import EmbeddingModelMismatchError
-from retrieval.sections import MEMORY_HEADER
+from retrieval.sections import CONTEXT_CLOSE, CONTEXT_OPEN, MEMORY_HEADER
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session
 
@@ -147,14 +148,16 @@ async def test_context_preview_stores_and_generates_nothing(
     assert response.status_code == 200, response.text
     preview = response.json()
     roles = [m["role"] for m in preview["messages"]]
-    # This turn's context sits before the new message: the memories last, after the facts
-    # pinned since (there when extraction of the import has finished, which runs apart).
-    assert roles[:3] == ["system", "user", "assistant"] and roles[-1] == "user"
-    assert roles[3:-1] in (["system"], ["system", "system"])
-    assert preview["messages"][-1]["content"] == "snack ideas? I am allergic to some things"
+    # One system message, then alternating turns; this turn's context opens the new
+    # message: the memories after the facts pinned since (there when extraction of the
+    # import has finished, which runs apart).
+    assert roles == ["system", "user", "assistant", "user"]
+    last = preview["messages"][-1]["content"]
+    assert last.startswith(CONTEXT_OPEN)
+    assert last.endswith(f"{CONTEXT_CLOSE}\nsnack ideas? I am allergic to some things")
     assert preview["context"]["memories"][0]["text"] == "I am allergic to peanuts"
-    assert preview["messages"][-2]["content"].startswith(MEMORY_HEADER)
-    assert "I am allergic to peanuts" in preview["messages"][-2]["content"]
+    assert f"{MEMORY_HEADER}\n- [" in last
+    assert '- [2026-01-05 10:00] user (name "Alice"): "I am allergic to peanuts"' in last
     tokens = preview["context"]["tokens"]
     assert preview["context"]["prompt_tokens"] <= preview["context"]["context_window"] - 256
     assert tokens["recent"] > 0 and tokens["memories"] > 0
@@ -167,7 +170,7 @@ async def test_turns_survive_a_restart_and_stay_searchable(
     settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
 ) -> None:
     app = create_app(settings, embedder=embedder, engine=engine)
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         session = await create_session(client)
         await client.post(
             f"/v1/sessions/{session['id']}/messages", json={"content": "my boat is green"}
@@ -176,7 +179,7 @@ async def test_turns_survive_a_restart_and_stay_searchable(
     assert len(index_files) == 1
 
     app = create_app(settings, embedder=embedder, engine=engine)
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         stored = (await client.get(f"/v1/sessions/{session['id']}/messages")).json()["messages"]
         assert [m["content"] for m in stored] == ["my boat is green", "I will remember that."]
         results = await search(client, "green boat", k=1)
@@ -187,7 +190,7 @@ async def test_start_with_another_embedding_model_is_refused(
     settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
 ) -> None:
     app = create_app(settings, embedder=embedder, engine=engine)
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         session = await create_session(client)
         await import_history(client, session["id"], HISTORY[:1])
 
@@ -195,6 +198,6 @@ async def test_start_with_another_embedding_model_is_refused(
     app = create_app(settings, embedder=other, engine=engine)
     # The test client runs the app's start-up in a task group, which wraps the error.
     with pytest.raises(BaseExceptionGroup) as caught:
-        async with AsyncTestClient(app=app):
+        async with local_client(app):
             pass
     assert caught.group_contains(EmbeddingModelMismatchError, match="run `memchat reindex`")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar.testing import AsyncTestClient
 
 from retrieval.errors import EngineError
+from retrieval.sections import CONTEXT_CLOSE, CONTEXT_OPEN
 from tests.fakes import ScriptedEngine
 
 
@@ -57,7 +58,8 @@ async def test_chat_turn_stores_both_messages_and_reports_context(
     assert turn["reply"]["seq"] == 2
     assert turn["finish_reason"] == "stop"
     assert turn["context"]["memories"] == []
-    assert turn["context"]["tokens"]["new_message"] == 5 + 3
+    # The sections count contents; what the template adds is `template`.
+    assert turn["context"]["tokens"]["new_message"] == 5
     assert turn["usage"]["prompt_tokens"] == turn["context"]["prompt_tokens"]
     assert turn["usage"]["completion_tokens"] == 4
     assert turn["usage"]["total_tokens"] == turn["usage"]["prompt_tokens"] + 4
@@ -96,8 +98,12 @@ async def test_second_session_recalls_turns_of_the_first(
     assert memories[0]["kind"] == "turn"
     scores = [m["score"] for m in memories]
     assert scores == sorted(scores, reverse=True)
-    memory_block = [m for m in engine.prompts[-1] if m.role == "system"][-1].content
-    assert "I am allergic to peanuts" in memory_block
+    # This turn's memories open its user message, quoted, after the frame that says so.
+    last = engine.prompts[-1][-1]
+    assert last.role == "user"
+    assert last.content.startswith(CONTEXT_OPEN)
+    assert '] user: "I am allergic to peanuts"' in last.content
+    assert last.content.endswith(f"{CONTEXT_CLOSE}\nSuggest a snack without peanuts, I am allergic")
 
 
 async def test_recent_window_is_not_retrieved_again(client: AsyncTestClient) -> None:

@@ -9,6 +9,7 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import Settings
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_errors import assert_problem
 from tests.test_api_sessions import create_session
@@ -19,7 +20,7 @@ async def small_client(
     settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
 ) -> AsyncIterator[AsyncTestClient]:
     capped = settings.model_copy(update={"max_request_bytes": 4096})
-    async with AsyncTestClient(app=create_app(capped, embedder=embedder, engine=engine)) as client:
+    async with local_client(create_app(capped, embedder=embedder, engine=engine)) as client:
         yield client
 
 

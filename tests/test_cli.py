@@ -85,11 +85,13 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
             json={
                 "user_id": "zoe",
                 "query": "what colour do I like",
-                "k": 1,
+                "k": 5,
                 "session_id": session["id"],
             },
         ).json()["results"]
-        assert [r["id"] for r in found] == [stored[0]["id"]]
+        # Both turns are found after the restart (which ranks first depends on the reply
+        # the model wrote).
+        assert sorted(r["id"] for r in found) == sorted(m["id"] for m in stored)
 
     result = subprocess.run(
         [*MEMCHAT, "reindex"], env=cli_env(tmp_path), capture_output=True, text=True, check=True

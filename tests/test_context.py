@@ -1,4 +1,8 @@
-"""Prompt assembly under the context window, with the scripted engine's tokenizer."""
+"""Prompt assembly under the context window, with the scripted engine's tokenizer.
+
+The scripted engine counts words, plus 3 tokens around each message and 2 for the
+reply's opening.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,16 @@ import pytest
 
 from retrieval.context import ContextAssembler
 from retrieval.errors import ContextTooLongError
-from retrieval.sections import ContextBudget, RecentTurn, RetrievedMemory
+from retrieval.sections import (
+    CONTEXT_CLOSE,
+    CONTEXT_OPEN,
+    HISTORY_OPENING,
+    MEMORY_HEADER,
+    ContextBudget,
+    RecentTurn,
+    RetrievedMemory,
+    context_block,
+)
 from tests.fakes import ScriptedEngine
 
 WHEN = dt.datetime(2026, 1, 5, 10, 0, tzinfo=dt.UTC)
@@ -26,33 +39,63 @@ def vars_of(sections: object) -> dict[str, int]:
     return {name: getattr(sections, name) for name in sections.__slots__}  # type: ignore[attr-defined]
 
 
+def words(text: str) -> int:
+    return len(text.split())
+
+
 @pytest.fixture
 def assembler() -> ContextAssembler:
     return ContextAssembler(ScriptedEngine(context_window=200), "be helpful")
 
 
-def test_layout_is_system_recent_memories_new(assembler: ContextAssembler) -> None:
+def test_layout_is_one_system_message_then_alternating_turns(
+    assembler: ContextAssembler,
+) -> None:
     context = assembler.assemble(
         new_message="what now",
         memories=[memory(1, "I like tea", 0.9)],
         recent=[turn(5, 3), turn(6, 3)],
         budget=ContextBudget(context_window=200, reply_tokens=50),
     )
-    assert [m.role for m in context.messages] == ["system", "user", "assistant", "system", "user"]
+    assert [m.role for m in context.messages] == ["system", "user", "assistant", "user"]
     assert context.messages[0].content == "be helpful"
-    assert context.messages[3].content.endswith("- [2026-01-05 10:00] user: I like tea")
-    assert context.messages[-1].content == "what now"
+    block = (
+        f"{CONTEXT_OPEN}\n\n{MEMORY_HEADER}\n"
+        f'- [2026-01-05 10:00] user: "I like tea"\n\n{CONTEXT_CLOSE}'
+    )
+    assert context.messages[-1].content == f"{block}\nwhat now"
     report = context.report
     assert report.recent_message_ids == (5, 6)
     assert [m.message_id for m in report.memories] == [1]
-    # The scripted engine counts words plus 3 per message and 2 for the reply prompt.
-    assert report.sections.system == 2 + 3
-    assert report.sections.new_message == 2 + 3
-    assert report.sections.recent == 2 * (3 + 3)
-    assert report.sections.memories == len(context.messages[3].content.split()) + 3
-    assert report.sections.template == 2
-    assert report.prompt_tokens == sum(len(m.content.split()) + 3 for m in context.messages) + 2
-    assert sum(vars_of(report.sections).values()) == report.prompt_tokens
+    sections = report.sections
+    assert sections.system == 2
+    assert sections.recent == 3 + 3
+    assert sections.memories == words(f'{MEMORY_HEADER}\n- [2026-01-05 10:00] user: "I like tea"')
+    # The new message's part: its words and the context's frame lines.
+    assert sections.new_message == 2 + words(CONTEXT_OPEN) + words(CONTEXT_CLOSE)
+    assert sections.template == 4 * 3 + 2
+    assert report.prompt_tokens == sum(words(m.content) + 3 for m in context.messages) + 2
+    assert sum(vars_of(sections).values()) == report.prompt_tokens
+
+
+def test_a_window_that_opens_with_the_assistant_gets_an_opening_line(
+    assembler: ContextAssembler,
+) -> None:
+    context = assembler.assemble(
+        new_message="and then?",
+        memories=[],
+        recent=[turn(6, 3), turn(7, 2), turn(9, 2)],
+        budget=ContextBudget(context_window=200, reply_tokens=50),
+    )
+    # Two user turns in a row (an import, or a turn without a reply) are one message.
+    assert [(m.role, m.content) for m in context.messages] == [
+        ("system", "be helpful"),
+        ("user", HISTORY_OPENING),
+        ("assistant", "w w w"),
+        ("user", "w w\n\nw w\n\nand then?"),
+    ]
+    sections = context.report.sections
+    assert sum(vars_of(sections).values()) == context.report.prompt_tokens
 
 
 def test_oldest_recent_turns_are_dropped_to_fit(assembler: ContextAssembler) -> None:
@@ -60,8 +103,11 @@ def test_oldest_recent_turns_are_dropped_to_fit(assembler: ContextAssembler) -> 
     context = assembler.assemble(
         new_message="hi", memories=[], recent=recent, budget=ContextBudget(200, reply_tokens=50)
     )
-    assert context.report.recent_message_ids == (4, 5, 6, 7)
-    assert context.report.prompt_tokens <= 150
+    # 138 tokens of room: turns 4-7 would take 132, but a window opening with the
+    # assistant's turn 4 needs the opening line too (12): 5-7 it is.
+    assert context.report.recent_message_ids == (5, 6, 7)
+    # Turn 7 (the user's, unanswered) and the new message are one user message.
+    assert context.report.prompt_tokens == 7 + 2 * 33 + (30 + 1 + 3)
 
 
 def test_memories_take_at_most_their_share_best_first(assembler: ContextAssembler) -> None:
@@ -72,9 +118,9 @@ def test_memories_take_at_most_their_share_best_first(assembler: ContextAssemble
         recent=[],
         budget=ContextBudget(200, reply_tokens=50, memory_share=0.25),
     )
-    # 37 tokens: the header costs 11 + 3 and each memory line 14 + 1, so one fits.
+    # 37 tokens: the header costs 10 + 2 and each memory line 14 + 1, so two do not fit.
     assert [m.message_id for m in context.report.memories] == [1]
-    assert context.report.sections.memories <= 37
+    assert context.report.sections.memories == 10 + 14
 
 
 def test_a_message_that_alone_exceeds_the_window_is_refused(assembler: ContextAssembler) -> None:
@@ -86,7 +132,7 @@ def test_a_message_that_alone_exceeds_the_window_is_refused(assembler: ContextAs
     assert "200-token context window" in caught.value.message
 
 
-def test_unstable_layout_puts_memories_before_the_recent_window() -> None:
+def test_unstable_layout_puts_the_turns_context_in_the_system_message() -> None:
     assembler = ContextAssembler(
         ScriptedEngine(context_window=200), "be helpful", stable_layout=False
     )
@@ -96,11 +142,14 @@ def test_unstable_layout_puts_memories_before_the_recent_window() -> None:
         recent=[turn(5, 3), turn(6, 3)],
         budget=ContextBudget(context_window=200, reply_tokens=50),
     )
-    assert [m.role for m in context.messages] == ["system", "system", "user", "assistant", "user"]
-    assert context.messages[1].content.endswith("- [2026-01-05 10:00] user: I like tea")
+    assert [m.role for m in context.messages] == ["system", "user", "assistant", "user"]
+    block = context_block([], [memory(1, "I like tea", 0.9)], [])
+    assert context.messages[0].content == f"be helpful\n\n{block}"
+    assert context.messages[-1].content == "what now"
     sections = context.report.sections
-    assert sections.recent == 2 * (3 + 3)
-    assert sections.memories == len(context.messages[1].content.split()) + 3
+    assert sections.recent == 3 + 3
+    assert sections.memories == words(f'{MEMORY_HEADER}\n- [2026-01-05 10:00] user: "I like tea"')
+    assert sections.new_message == 2
     assert sum(vars_of(sections).values()) == context.report.prompt_tokens
 
 
@@ -113,15 +162,19 @@ def test_the_window_gets_the_shares_the_other_sections_leave_unused(
     assert assembler.window_room(new_message="hi there", memories=[], budget=budget) == 138
     # Reserved at their full shares, they would have left it 138 - 15 - 37 - 30.
     assert assembler.window_budget_at_full_shares(budget, [], 2) == 56
-    # A memory takes what its section actually takes: its header and line, 18 + 3.
+    # A memory takes what its section actually takes: the context block it opens.
     tea = [memory(1, "I like tea", 0.9)]
-    assert assembler.window_room(new_message="hi there", memories=tea, budget=budget) == 117
+    room = 138 - words(context_block([], tea, []))
+    assert assembler.window_room(new_message="hi there", memories=tea, budget=budget) == room
     # A window of exactly that room is kept whole, and the prompt is then exactly full.
-    fits = [turn(1, 14), *(turn(i, 20) for i in range(2, 6)), turn(6, 5)]  # 17 + 4 x 23 + 8
+    assert room == 87
+    fits = [turn(1, room - 3 * 23 - 3), *(turn(i, 20) for i in range(2, 5))]
     context = assembler.assemble(new_message="hi there", memories=tea, recent=fits, budget=budget)
-    assert context.report.recent_message_ids == (1, 2, 3, 4, 5, 6)
+    assert context.report.recent_message_ids == (1, 2, 3, 4)
     assert context.report.prompt_tokens == 150
-    # One token more and the oldest turn no longer fits.
-    over = [turn(1, 15), *fits[1:]]
+    # One token more and the oldest turn no longer fits; the assistant's after it now
+    # opens the window, with the opening line (12 tokens), which still fits (69 + 12).
+    over = [turn(1, room - 3 * 23 - 2), *fits[1:]]
     context = assembler.assemble(new_message="hi there", memories=tea, recent=over, budget=budget)
-    assert context.report.recent_message_ids == (2, 3, 4, 5, 6)
+    assert context.report.recent_message_ids == (2, 3, 4)
+    assert context.messages[1].content == HISTORY_OPENING

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import Settings
 from retrieval.protocols import Embedder, Engine
+from tests.clients import local_client
 from tests.test_api_sessions import create_session, parse_sse
 
 pytestmark = pytest.mark.model
@@ -25,7 +25,7 @@ async def test_real_turns_recall_across_sessions_and_survive_restart(
     real_settings: Settings, real_embedder: Embedder, real_engine: Engine
 ) -> None:
     app = create_app(real_settings, embedder=real_embedder, engine=real_engine)
-    async with AsyncTestClient(app=app, timeout=120) as client:
+    async with local_client(app, timeout=120) as client:
         first = await create_session(client)
         imported = await client.post(
             f"/v1/sessions/{first['id']}/history",
@@ -97,7 +97,7 @@ async def test_real_turns_recall_across_sessions_and_survive_restart(
         assert [r["text"] for r in chinese.json()["results"]] == ["我对花生过敏"]
 
     app = create_app(real_settings, embedder=real_embedder, engine=real_engine)
-    async with AsyncTestClient(app=app, timeout=120) as client:
+    async with local_client(app, timeout=120) as client:
         stored = (await client.get(f"/v1/sessions/{second['id']}/messages")).json()["messages"]
         assert [m["role"] for m in stored] == ["user", "assistant"] * 3
         assert stored[1]["content"] == turn["reply"]["content"]

@@ -11,7 +11,8 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import PROMPTS_DIR, FactSettings, Settings
-from retrieval.sections import NEW_FACTS_HEADER
+from retrieval.sections import CONTEXT_OPEN, FACTS_HEADER, NEW_FACTS_HEADER
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history
 from tests.test_api_sessions import create_session
@@ -138,9 +139,9 @@ async def test_chinese_facts_are_extracted_and_pinned(client: AsyncTestClient) -
     # Facts pinned since the window's last compaction come with the turn's own context,
     # so the system message, the head of every prompt, stays as it was.
     assert body["messages"][0]["content"] == SYSTEM_PROMPT
-    facts_message = body["messages"][-2]
-    assert facts_message["role"] == "system"
-    assert facts_message["content"].startswith(NEW_FACTS_HEADER)
+    facts_message = body["messages"][-1]
+    assert facts_message["role"] == "user"
+    assert facts_message["content"].startswith(f"{CONTEXT_OPEN}\n\n{NEW_FACTS_HEADER}\n")
     assert '- "用户的名字是小明。" (stated ' in facts_message["content"]
     assert body["context"]["tokens"]["facts"] > 0
 
@@ -245,7 +246,7 @@ async def test_pinned_facts_beyond_their_budget_are_reported_omitted(
     settings.chat.facts_share = 0.05
     # Wide enough that no two of the rules below collide into near-duplicates.
     app = create_app(settings, embedder=HashEmbedder(4096), engine=ScriptedEngine(["ok"]))
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         session = await create_session(client)
         ids = []
         for priority in range(30):
@@ -274,15 +275,15 @@ async def test_messages_stored_while_extraction_was_off_are_read_at_next_start(
     off = Settings(
         data_dir=tmp_path / "data", database_url=sqlite_url, facts=FactSettings(extractor="none")
     )
-    async with AsyncTestClient(
-        app=create_app(off, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
+    async with local_client(
+        create_app(off, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
     ) as client:
         session = await create_session(client)
         await say(client, session["id"], "I'm vegan")
         assert await facts_of(client) == []
     on = Settings(data_dir=tmp_path / "data", database_url=sqlite_url)
-    async with AsyncTestClient(
-        app=create_app(on, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
+    async with local_client(
+        create_app(on, embedder=HashEmbedder(), engine=ScriptedEngine(["ok"]))
     ) as client:
         [fact] = await wait_for_facts(client, 1)
         assert (fact["subject"], fact["value"]) == ("diet", "vegan")
@@ -302,11 +303,31 @@ async def test_a_newly_pinned_fact_does_not_change_the_prompt_prefix(
     assert second_prompt[: len(first_prompt)] == first_prompt
     assert third_prompt[: len(second_prompt)] == second_prompt
     assert second_prompt[0] == first_prompt[0]
-    assert second_prompt[-2].content.startswith(NEW_FACTS_HEADER)
+    assert second_prompt[-1].content.startswith(f"{CONTEXT_OPEN}\n\n{NEW_FACTS_HEADER}\n")
     assert [f["text"] for f in second["context"]["new_facts"]] == [
         "The user is allergic to peanuts."
     ]
     assert third["context"]["new_facts"] == []
     assert [f["text"] for f in third["context"]["pinned_facts"]] == [
+        "The user is allergic to peanuts."
+    ]
+
+
+async def test_a_new_session_carries_earlier_facts_in_its_system_message(
+    client: AsyncTestClient, engine: ScriptedEngine
+) -> None:
+    first = await create_session(client)
+    await say(client, first["id"], "I'm allergic to peanuts.")
+    await wait_for_facts(client, 1)
+    second = await create_session(client)
+    turn = await say(client, second["id"], "Any snack ideas?")
+    prompt = engine.prompts[-1]
+    # One system message, with the facts known when the session began; none "stated since".
+    assert [m.role for m in prompt] == ["system", "user"]
+    assert prompt[0].content.startswith(SYSTEM_PROMPT)
+    assert f'{FACTS_HEADER}\n- "The user is allergic to peanuts." (stated ' in prompt[0].content
+    assert NEW_FACTS_HEADER not in prompt[-1].content
+    assert turn["context"]["new_facts"] == []
+    assert [f["text"] for f in turn["context"]["pinned_facts"]] == [
         "The user is allergic to peanuts."
     ]

@@ -12,6 +12,7 @@ from litestar.testing import AsyncTestClient
 from app.factory import create_app
 from app.settings import ChatSettings, Settings
 from retrieval.protocols import Embedder, Engine
+from tests.clients import local_client
 from tests.test_api_memory import import_history
 from tests.test_api_sessions import create_session
 from tests.test_facts_api import facts_of, wait_for_facts
@@ -41,7 +42,7 @@ async def client(
         chat=ChatSettings(recent_window_messages=20, window_eviction_chunk=10),
     )
     app = create_app(settings, embedder=real_embedder, engine=real_engine)
-    async with AsyncTestClient(app=app, timeout=120) as test_client:
+    async with local_client(app, timeout=120) as test_client:
         yield test_client
 
 

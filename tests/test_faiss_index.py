@@ -76,3 +76,46 @@ def test_drop_all_removes_files(index: FaissIndex, tmp_path: Path) -> None:
     index.drop_all()
     assert list((tmp_path / "faiss").glob("*.faiss")) == []
     assert index.list_ids(1) == set()
+
+
+def test_a_file_whose_vectors_were_overwritten_is_never_trusted(tmp_path: Path) -> None:
+    """Bytes overwritten in the middle of a file, its size kept: the checksum no longer
+    matches, the scope is reported corrupt (the caller rebuilds it from SQL), and the
+    damaged file is replaced by the rebuilt index, never saved back as it was."""
+    index = FaissIndex(tmp_path / "faiss", dimension=64)
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((2000, 64)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index.add(1, list(range(1, 2001)), vectors)
+    index.save()
+    path = tmp_path / "faiss" / "scope-1.faiss"
+    data = bytearray(path.read_bytes())
+    size = len(data)
+    middle = size // 2
+    data[middle - 100_000 : middle + 100_000] = rng.integers(
+        0, 256, 200_000, dtype=np.uint8
+    ).tobytes()
+    path.write_bytes(bytes(data))
+    assert path.stat().st_size == size
+
+    reloaded = FaissIndex(tmp_path / "faiss", dimension=64)
+    result = reloaded.load(1)
+    assert (result.status, result.ids) == ("corrupt", frozenset())
+    assert reloaded.search(1, vectors[0], k=3) == []
+    reloaded.add(1, list(range(1, 2001)), vectors)  # what reconciliation adds from SQL
+    reloaded.save()
+    assert bytes(data) != path.read_bytes()
+    again = FaissIndex(tmp_path / "faiss", dimension=64)
+    assert again.load(1).status == "loaded"
+    assert [h.id for h in again.search(1, vectors[41], k=1)] == [42]
+
+
+def test_a_file_without_a_checksum_is_rebuilt(index: FaissIndex, tmp_path: Path) -> None:
+    """Files of the format before checksums are not trusted either (one rebuild)."""
+    import faiss
+
+    path = tmp_path / "faiss" / "scope-5.faiss"
+    old = faiss.IndexIDMap2(faiss.IndexFlatIP(3))
+    old.add_with_ids(unit(1, 0, 0).reshape(1, -1), np.asarray([1], dtype=np.int64))
+    faiss.write_index(old, str(path))
+    assert FaissIndex(tmp_path / "faiss", dimension=3).load(5).status == "corrupt"

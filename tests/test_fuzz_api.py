@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from app.factory import create_app
 from app.settings import Settings
@@ -29,6 +30,10 @@ async def _migrate_with_key(url: str) -> str:
     """The migrated database and an admin key: every operation, /admin too, is reachable,
     and schemathesis checks that requests without it or with a wrong one are refused."""
     engine = create_engine(url)
+    if engine.dialect.name == "postgresql":
+        async with engine.begin() as connection:
+            await connection.execute(text("DROP SCHEMA public CASCADE"))
+            await connection.execute(text("CREATE SCHEMA public"))
     await migrate.upgrade(engine)
     _key, secret = await AccessStore(create_sessionmaker(engine)).create_key(
         "fuzz", "fuzz", is_admin=True, requests_per_minute=0
@@ -37,10 +42,16 @@ async def _migrate_with_key(url: str) -> str:
     return secret
 
 
-@pytest.fixture(scope="module")
-def fuzz_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def fuzz_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """A live server on each database (PostgreSQL answers bad values in ways of its own)."""
     data_dir: Path = tmp_path_factory.mktemp("fuzz")
-    url = f"sqlite+aiosqlite:///{data_dir / 'memchat.db'}"
+    if request.param == "postgres":
+        url = str(request.getfixturevalue("postgres_server_url"))
+    else:
+        url = f"sqlite+aiosqlite:///{data_dir / 'memchat.db'}"
     secret = asyncio.run(_migrate_with_key(url))
     app = create_app(
         Settings(data_dir=data_dir, database_url=url),

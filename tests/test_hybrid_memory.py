@@ -22,6 +22,7 @@ from retrieval.turn_text import TextRecipe
 from storage.db import create_engine, create_sessionmaker
 from storage.models import DEFAULT_TENANT_ID
 from storage.repository import NewMessage, Store
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history, search
 from tests.test_api_sessions import create_session
@@ -211,7 +212,7 @@ async def hybrid_client(tmp_path: Path, database_url: str) -> AsyncIterator[Asyn
         embedder=HashEmbedder(),
         engine=ScriptedEngine(["Noted."]),
     )
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         yield client
 
 

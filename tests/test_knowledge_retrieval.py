@@ -19,7 +19,9 @@ from app.factory import create_app
 from app.runtime import build_knowledge
 from app.settings import IndexSettings, KnowledgeSettings, RetrievalSettings, Settings
 from retrieval.protocols import Embedder
+from retrieval.sections import KNOWLEDGE_HEADER
 from storage.db import create_engine
+from tests.clients import local_client
 from tests.documents import HANDBOOK_MD
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_knowledge import add_text, search
@@ -42,7 +44,7 @@ async def running(
     settings: Settings, embedder: Embedder | None = None
 ) -> AsyncIterator[AsyncTestClient]:
     app = create_app(settings, embedder=embedder or HashEmbedder(), engine=ScriptedEngine())
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         yield client
     # As a new process would: Chroma otherwise keeps one client per path in this one.
     SharedSystemClient.clear_system_cache()
@@ -157,7 +159,7 @@ async def test_a_turn_about_a_documented_fact_shows_the_chunk(
     engine = ScriptedEngine(["Sixty-four gigabytes."])
     defaults = settings.model_copy(update={"knowledge": KnowledgeSettings()})
     app = create_app(defaults, embedder=real_embedder, engine=engine)
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         await add_text(client, "Acme handbook", HANDBOOK_MD)
         await add_text(client, "Cafeteria", "The cafeteria serves lunch from noon to two.")
         session = await create_session(client, "alice")
@@ -176,11 +178,12 @@ async def test_a_turn_about_a_documented_fact_shows_the_chunk(
         )
         assert sum(context["tokens"].values()) == context["prompt_tokens"]
         assert context["tokens"]["knowledge"] > 0
-        block = engine.prompts[-1][-2]
-        assert (block.role, block.content.splitlines()[1]) == (
-            "system",
-            "- [Acme handbook > Handbook > Equipment] Every new engineer receives a laptop "
-            "with 64 GB of memory on the first day.",
+        last = engine.prompts[-1][-1]
+        lines = last.content.splitlines()
+        assert last.role == "user"
+        assert lines[lines.index(KNOWLEDGE_HEADER) + 1] == (
+            '- from "Acme handbook > Handbook > Equipment": "Every new engineer receives a '
+            'laptop with 64 GB of memory on the first day."'
         )
         chinese = await search(client, "alice", "每年有多少天年假？", k=1)
         assert chinese[0]["text"] == "公司的年假是每年二十五天，需要提前两周申请。"

@@ -27,6 +27,8 @@ TABLES = {
     "tenants",
     "api_keys",
     "audit_log",
+    "admin_sessions",
+    "readiness_probe",
 }
 
 

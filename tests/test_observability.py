@@ -22,6 +22,7 @@ from app.factory import create_app
 from app.observability import SECTIONS, STAGES, ServiceMetrics
 from app.settings import Settings
 from retrieval.errors import EngineError, IndexUnavailableError
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import free_port
 from tests.test_api_sessions import create_session
@@ -234,7 +235,9 @@ async def test_each_request_logs_one_line_with_its_id_as_do_the_lines_it_causes(
 async def test_readyz_reports_each_dependency(client: AsyncTestClient) -> None:
     response = await client.get("/readyz")
     assert response.status_code == 200
-    assert response.json() == {
+    body = response.json()
+    assert re.fullmatch(r"ok \(\d+ MiB free\)", body["checks"].pop("disk"))
+    assert body == {
         "status": "ready",
         "checks": {
             "database": "ok",
@@ -255,13 +258,14 @@ async def test_a_vector_store_that_is_down_makes_the_service_not_ready(
         embedder=HashEmbedder(),
         engine=ScriptedEngine(),
     )
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         response = await client.get("/readyz")
         assert response.status_code == 503
         body = response.json()
         assert body["status"] == "not ready"
         knowledge = body["checks"].pop("knowledge_index")
         assert knowledge.startswith("error: the Chroma vector store failed"), knowledge
+        assert body["checks"].pop("disk").startswith("ok (")
         assert body["checks"] == {
             "database": "ok",
             "embedder": "hash-64",

@@ -7,7 +7,6 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import ChatSettings, KnowledgeSettings, Settings
@@ -24,6 +23,7 @@ from retrieval.summary import (
     WindowPolicy,
     plan_compaction,
 )
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session
 
@@ -192,7 +192,7 @@ async def test_llm_summarizer_feeds_long_histories_in_batches() -> None:
 def test_layout_order_system_facts_summary_window_memories_new() -> None:
     engine = ScriptedEngine(context_window=400)
     assembler = ContextAssembler(engine, "be helpful")
-    fact = PinnedFact(7, "The user is allergic to peanuts.", "constraint", 100, WHEN)
+    fact = PinnedFact(7, "The user is allergic to peanuts.", "constraint", 100, WHEN, WHEN)
     context = assembler.assemble(
         new_message="what now",
         memories=[],
@@ -203,10 +203,10 @@ def test_layout_order_system_facts_summary_window_memories_new() -> None:
     )
     system = context.messages[0].content
     assert system.index("be helpful") < system.index(FACTS_HEADER) < system.index(SUMMARY_HEADER)
-    assert system.endswith(f"{SUMMARY_HEADER}\n- [2026-03-01] user: I like tea.")
+    assert system.endswith(f'{SUMMARY_HEADER}\n- "[2026-03-01] user: I like tea."')
     assert [m.content for m in context.messages[1:]] == ["hello", "hi", "what now"]
     sections = context.report.sections
-    assert sections.summary == len(f"{SUMMARY_HEADER}\n- [2026-03-01] user: I like tea.".split())
+    assert sections.summary == len(f'{SUMMARY_HEADER}\n- "[2026-03-01] user: I like tea."'.split())
     total = sum(getattr(sections, n) for n in sections.__slots__)  # type: ignore[attr-defined]
     assert total == context.report.prompt_tokens
 
@@ -252,7 +252,7 @@ async def test_small_talk_is_pruned_and_the_physics_request_stays(
     # and without the small talk (21) is at its low-water mark (three quarters: 54).
     engine = ScriptedEngine(replies, context_window=122)
     app = create_app(pruning_settings(tmp_path, sqlite_url), embedder=HashEmbedder(), engine=engine)
-    async with AsyncTestClient(app=app) as client:
+    async with local_client(app) as client:
         session = await create_session(client)
         messages = [
             "Can you recommend science fiction books like Dune?",
@@ -289,9 +289,7 @@ async def test_turns_that_leave_the_window_are_summarised_and_stay_stored(
         chat=ChatSettings(recent_window_messages=4, window_eviction_chunk=2),
     )
     engine = ScriptedEngine(["Noted."])
-    async with AsyncTestClient(
-        create_app(settings, embedder=HashEmbedder(), engine=engine)
-    ) as client:
+    async with local_client(create_app(settings, embedder=HashEmbedder(), engine=engine)) as client:
         session = await create_session(client)
         contents = [
             "I am allergic to peanuts.",
@@ -326,6 +324,6 @@ async def test_turns_that_leave_the_window_are_summarised_and_stay_stored(
     assert (context["summary_version"], context["summary_through_seq"]) == (2, 4)
     system = preview.json()["messages"][0]["content"]
     assert system.endswith(
-        f"{SUMMARY_HEADER}\n- [{day}] user: I am allergic to peanuts.\n"
-        f"- [{day}] user: My daughter Mia turns 7 on 3 June."
+        f'{SUMMARY_HEADER}\n- "[{day}] user: I am allergic to peanuts."\n'
+        f'- "[{day}] user: My daughter Mia turns 7 on 3 June."'
     )

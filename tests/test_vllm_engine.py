@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import EngineSettings, Settings, VllmSettings
@@ -23,6 +22,7 @@ from retrieval.errors import EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
 from retrieval.records import shared_prefix
 from retrieval.routing import Route, current_route
+from tests.clients import local_client
 from tests.fakes import HashEmbedder
 from tests.live import live_server
 from tests.test_api_sessions import create_session, parse_sse
@@ -186,9 +186,7 @@ async def test_api_turns_on_vllm_count_exactly_and_hit_the_cache(
         database_url=database_url,
         engine=EngineSettings(kind="vllm", vllm=VllmSettings(urls=[s.url for s in servers])),
     )
-    async with AsyncTestClient(
-        app=create_app(settings, embedder=HashEmbedder()), timeout=120
-    ) as client:
+    async with local_client(create_app(settings, embedder=HashEmbedder()), timeout=120) as client:
         ready = (await client.get("/readyz")).json()
         assert ready["checks"]["engine"] == SERVED_MODEL
         assert ready["checks"]["engine_health"] == "ok (2/2 replicas)"

@@ -31,12 +31,27 @@ class Clock:
         return self.now
 
 
+IM_START, IM_END, NEWLINE = 1_000_001, 1_000_002, 10
+ROLES = {"system": 1_000_011, "user": 1_000_012, "assistant": 1_000_013}
+TEXT = {IM_START: "<|im_start|>", IM_END: "<|im_end|>"} | {t: f"{r}\n" for r, t in ROLES.items()}
+
+
 def tokenize(body: dict) -> dict:
-    """A ChatML-like server: one token per character, four around each message, two after."""
+    """A ChatML server whose tokens are characters: each message is its role marker (two
+    tokens), its content and the end marker with a newline, then two for the reply."""
     if "prompt" in body:
-        return {"count": len(body["prompt"]), "tokens": list(range(len(body["prompt"])))}
-    count = sum(len(m["content"]) + 4 for m in body["messages"]) + 2
-    return {"count": count, "tokens": list(range(count))}
+        tokens = [ord(c) for c in body["prompt"]]
+    else:
+        tokens = []
+        for message in body["messages"]:
+            tokens += [IM_START, ROLES[message["role"]], *map(ord, message["content"])]
+            tokens += [IM_END, NEWLINE]
+        tokens += [IM_START, ROLES["assistant"]]
+    return {"count": len(tokens), "tokens": tokens}
+
+
+def detokenize(body: dict) -> dict:
+    return {"prompt": "".join(TEXT.get(t) or chr(t) for t in body["tokens"])}
 
 
 class Server:
@@ -56,6 +71,8 @@ class Server:
             return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 4096}]})
         if request.url.path == "/tokenize":
             return httpx.Response(200, json=tokenize(body))
+        if request.url.path == "/detokenize":
+            return httpx.Response(200, json=detokenize(body))
         if request.url.path == "/health":
             return httpx.Response(200)
         if request.url.path == "/metrics":

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from litestar.testing import AsyncTestClient
-
 from app.factory import create_app
 from app.settings import ChatSettings, FactSettings, KnowledgeSettings, Settings
+from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session
 
@@ -18,7 +17,7 @@ async def test_turns_between_two_evictions_extend_the_previous_prompt(
     chunked = settings.model_copy(
         update={"chat": ChatSettings(recent_window_messages=6, window_eviction_chunk=4)}
     )
-    async with AsyncTestClient(create_app(chunked, embedder=embedder, engine=engine)) as client:
+    async with local_client(create_app(chunked, embedder=embedder, engine=engine)) as client:
         session = await create_session(client)
         turns = [
             (
@@ -52,7 +51,7 @@ async def test_turns_between_two_evictions_extend_the_previous_prompt(
 async def test_each_prompt_extends_the_previous_one_retrieved_context_included(
     settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
 ) -> None:
-    async with AsyncTestClient(create_app(settings, embedder=embedder, engine=engine)) as client:
+    async with local_client(create_app(settings, embedder=embedder, engine=engine)) as client:
         old = await create_session(client)
         history = [
             {"role": "user", "content": f"Old note {i}: my garden has {i} tomato plants"}
@@ -83,7 +82,7 @@ async def test_each_prompt_extends_the_previous_one_retrieved_context_included(
 async def chat_for(settings: Settings, engine: ScriptedEngine, num_turns: int) -> list[dict]:
     """`num_turns` turns of one session, each "Question i about topic i" (5 tokens)."""
     app = create_app(settings, embedder=HashEmbedder(), engine=engine)
-    async with AsyncTestClient(app) as client:
+    async with local_client(app) as client:
         session = await create_session(client)
         turns = []
         for i in range(1, num_turns + 1):
@@ -122,11 +121,13 @@ async def test_a_compaction_sheds_down_to_the_low_water_mark_and_buys_many_turns
     shares = {"memory_share": 0.0, "summary_share": 0.0, "facts_share": 0.0}
     turns = await chat_for(window_settings(settings, tmp_path, **shares), engine, 27)
     # The window's room: 280 prompt tokens less the system prompt (7) and the message
-    # (8), 265. Turn 17 finds 16 turns (272 tokens) and keeps 128 <= 265 / 2; the window
-    # then grows for 9 turns before it is over its room again.
+    # (8), 265. Turn 17 finds 16 turns (272 tokens) and keeps 119 <= 265 / 2 (7 whole
+    # exchanges, so that it opens with the user's message); the window then grows for 9
+    # turns before it is over its room again.
     assert compactions(turns) == [17, 26]
-    assert [len(t["context"]["recent_message_ids"]) for t in turns[15:18]] == [30, 15, 17]
-    assert turns[16]["context"]["tokens"]["recent"] == 128
+    assert [len(t["context"]["recent_message_ids"]) for t in turns[15:18]] == [30, 14, 16]
+    # The section counts the messages' contents (their template tokens are `template`).
+    assert turns[16]["context"]["tokens"]["recent"] == 7 * 5 + 7 * 6
     # The turn after the compaction extends the compacting turn's prompt.
     compacting = engine.count_prompt_tokens(engine.prompts[16])
     assert turns[17]["context"]["prefix_reuse"] >= compacting - 2
@@ -141,9 +142,10 @@ async def test_the_window_takes_the_unused_shares_and_a_compaction_leaves_them_r
     # as with no shares at all (reserved, they would have left it 111).
     assert compactions(turns) == [17]
     # The compaction keeps at most what fits with every section at its full share (111
-    # tokens, less than half the room): the grown summary and the window both fit.
+    # tokens, less than half the room; 6 whole exchanges take 102): the grown summary
+    # and the window both fit.
     context = turns[16]["context"]
-    assert context["tokens"]["recent"] == 111
+    assert context["tokens"]["recent"] == 6 * 5 + 6 * 6
     assert context["tokens"]["summary"] > 0
     assert context["prompt_tokens"] <= 280
-    assert len(context["recent_message_ids"]) == 13
+    assert len(context["recent_message_ids"]) == 12

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,14 +55,20 @@ def prepare() -> tuple[Path, Path]:
 
 
 @contextmanager
-def running_servers(count: int, log_dir: Path) -> Iterator[list[LocalServer]]:
-    """`count` servers started together (they load in parallel), stopped at the end."""
+def running_servers(
+    count: int, log_dir: Path, chat_templates: Sequence[Path | None] = ()
+) -> Iterator[list[LocalServer]]:
+    """`count` servers started together (they load in parallel), stopped at the end;
+    server i uses `chat_templates[i]` where given."""
     python, model_dir = prepare()
     servers: list[LocalServer] = []
+    templates = [*chat_templates, *([None] * count)][:count]
     try:
-        for number in range(count):
+        for number, template in enumerate(templates):
             # Small and quick: no graph capture, 1 GiB of KV cache (~40,000 SmolLM2 tokens).
-            options = vllm_local.ServerOptions(port=free_port(), kv_cache_gib=1, enforce_eager=True)
+            options = vllm_local.ServerOptions(
+                port=free_port(), kv_cache_gib=1, enforce_eager=True, chat_template=template
+            )
             log = log_dir / f"vllm-{number}.log"
             process = vllm_local.start_server(python, model_dir, options, log)
             servers.append(LocalServer(f"http://127.0.0.1:{options.port}", process, log))

@@ -15,12 +15,13 @@ from app.convert import fact_body
 from app.routes.body import strict_body
 from app.routes.problems import problems
 from app.routes.scope import check_fact
+from app.schemas import USER_ID_PATTERN
 from retrieval.facts.service import FactMemory
 from storage.facts import STATUSES
 from storage.repository import Store
 
 API_ACTOR = "api"
-UserIdPath = Annotated[str, Parameter(min_length=1, max_length=255)]
+UserIdPath = Annotated[str, Parameter(min_length=1, max_length=255, pattern=USER_ID_PATTERN)]
 FactIdPath = FromPath[int]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
@@ -26,11 +28,28 @@ def healthz() -> schemas.Health:
 
 
 async def _database(runtime: Runtime) -> str:
+    """The database answers and takes a write (a full disk fails only writes)."""
     try:
         await runtime.store.ping()
+        await runtime.store.check_writable()
     except StorageError as exc:
         return f"error: {exc}"
     return "ok"
+
+
+def _disk(directory: Path, min_free_bytes: int) -> str:
+    """Free space where SQLite and the index files live, against the configured floor."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    mib = free // (1024 * 1024)
+    if free < min_free_bytes:
+        return (
+            f"error: {mib} MiB free for {directory}, below MEMCHAT_MIN_FREE_DISK_BYTES "
+            f"({min_free_bytes // (1024 * 1024)} MiB)"
+        )
+    return f"ok ({mib} MiB free)"
 
 
 async def _index(ping: Callable[[], None]) -> str:
@@ -46,6 +65,7 @@ async def dependency_checks(runtime: Runtime) -> dict[str, str]:
     """Each dependency's state: "ok", a model name (loaded), or "error: ..."."""
     checks = {
         "database": await _database(runtime),
+        "disk": _disk(runtime.data_dir, runtime.min_free_disk_bytes),
         "embedder": runtime.embedder.model_name,
         "engine": runtime.engine.model_name,
         "index": await _index(runtime.memory.ping_index),
@@ -64,8 +84,9 @@ async def dependency_checks(runtime: Runtime) -> dict[str, str]:
     responses={503: ResponseSpec(data_container=schemas.Health, description="Not ready.")},
 )
 async def readyz(state: State) -> Response[schemas.Health]:
-    """Ready while no dependency reports an error: `database`, `index` (the turn
-    index), `knowledge_index`, and `engine_health` for an engine behind a network hop;
+    """Ready while no dependency reports an error: `database` (a read and a write),
+    `disk` (free space for the data dir), `index` (the turn index), `knowledge_index`,
+    and `engine_health` for an engine behind a network hop;
     `embedder` and `engine` name the loaded models."""
     runtime = state.get("runtime")
     if runtime is None:

@@ -17,7 +17,7 @@ from app import schemas
 from app.access import Principal
 from app.convert import message_body, report_body, session_body, summary_body, turn_body
 from app.errors import problem_body
-from app.routes.body import strict_body
+from app.routes.body import instant, strict_body
 from app.routes.problems import problems
 from app.routes.scope import session_of
 from retrieval.chat import ChatService
@@ -53,9 +53,11 @@ class SessionController(Controller):
         self,
         request: Request[Any, Any, Any],
         store: NamedDependency[Store],
+        chat_service: NamedDependency[ChatService],
         principal: NamedDependency[Principal],
     ) -> schemas.Session:
         data = await strict_body(request, schemas.SessionCreate)
+        chat_service.check_metadata(data.metadata)
         chat, user = await store.create_session(
             data.user_id, data.title, dict(data.metadata), tenant_id=principal.tenant_id
         )
@@ -66,7 +68,9 @@ class SessionController(Controller):
         self,
         store: NamedDependency[Store],
         principal: NamedDependency[Principal],
-        user_id: Annotated[str, QueryParameter(min_length=1, max_length=255)],
+        user_id: Annotated[
+            str, QueryParameter(min_length=1, max_length=255, pattern=schemas.USER_ID_PATTERN)
+        ],
     ) -> schemas.SessionList:
         user = await store.get_user_or_none(user_id, tenant_id=principal.tenant_id)
         if user is None:
@@ -175,11 +179,11 @@ class SessionController(Controller):
                     role=m.role,
                     content=m.content,
                     name=m.name,
-                    created_at=m.created_at,
+                    created_at=instant(m.created_at, f"messages[{i}].created_at"),
                     external_id=m.external_id,
                     image_caption=m.image_caption,
                 )
-                for m in data.messages
+                for i, m in enumerate(data.messages)
             ],
         )
         return schemas.HistoryImported(imported=imported, skipped=skipped)

@@ -2,8 +2,18 @@
 
 The prompt is rendered with the chat template stored in the GGUF metadata and tokenised
 by the model's own tokenizer, so token counts are exact. Generation runs in a worker
-thread (never on the event loop) and is serialised per model instance: llama.cpp keeps
-one KV cache, which is also why consecutive prompts with a shared prefix are cheap.
+thread (never on the event loop).
+
+Slots: llama.cpp keeps one KV cache per model instance, which is also why consecutive
+prompts with a shared prefix are cheap. The engine holds `num_slots` instances (the
+model's weights are small; each has its own cache) and a turn takes the free slot whose
+cache shares the longest prefix with its prompt, so a session keeps finding its prefix
+and one user's long prompt occupies one slot while other turns use the others.
+
+Time limit: `timeout_s` bounds a turn's whole use of its slot, prompt evaluation
+included. The prompt is evaluated in batches of `BATCH_TOKENS`, and the deadline and a
+cancelled turn (the client went away) are checked between batches and between
+generated tokens, so a slot is given up at most one batch after either.
 """
 
 from __future__ import annotations
@@ -16,9 +26,11 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrieval.engines.counting import MessageOverhead, prepare, renders, template_markers
 from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
 
@@ -41,6 +53,33 @@ def default_model_path() -> Path:
 
 _DONE = object()
 _PLACEHOLDER = re.compile("\ufffcmemchat([0-9]+)\ufffc")
+BATCH_TOKENS = 512
+
+
+class _Stopped(Exception):
+    """Prompt evaluation stopped between batches (deadline or cancellation)."""
+
+
+# A slot's cache counts for a prompt when it holds at least this much of it; shorter
+# shared prefixes (the template's opening) are left to the least recently used slot.
+MIN_SHARED_TOKENS = 32
+
+
+@dataclass(eq=False)
+class _Slot:
+    llama: Any
+    busy: bool = False
+    last_used: int = 0
+
+    def shared_prefix(self, tokens: Sequence[int]) -> int:
+        """Tokens of `tokens` this slot's cache holds (llama.cpp re-evaluates the last)."""
+        previous = self.llama.input_ids[: self.llama.n_tokens]
+        shared = 0
+        for old, new in zip(previous, tokens[:-1], strict=False):
+            if old != new:
+                break
+            shared += 1
+        return shared
 
 
 class LlamaCppEngine:
@@ -50,7 +89,8 @@ class LlamaCppEngine:
         *,
         context_window: int = 0,
         num_threads: int | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = 60.0,
+        num_slots: int = 2,
         model_name: str | None = None,
     ) -> None:
         from llama_cpp import Llama
@@ -58,13 +98,20 @@ class LlamaCppEngine:
 
         if not model_path.exists():
             raise EngineUnavailableError(f"model file not found: {model_path}")
-        self._llama = Llama(
-            model_path=str(model_path),
-            n_ctx=context_window,  # 0 = the context length the model was trained with
-            n_threads=num_threads,
-            n_batch=512,
-            verbose=False,
-        )
+        self._slots = [
+            _Slot(
+                Llama(
+                    model_path=str(model_path),
+                    n_ctx=context_window,  # 0 = the context length the model was trained with
+                    n_threads=num_threads,
+                    n_batch=BATCH_TOKENS,
+                    verbose=False,
+                )
+            )
+            for _ in range(max(1, num_slots))
+        ]
+        # The first instance's tokenizer serves every count (the vocabulary is read-only).
+        self._llama = self._slots[0].llama
         template = self._llama.metadata.get("tokenizer.chat_template")
         if not template:
             raise EngineUnavailableError(f"{model_path} carries no chat template")
@@ -79,10 +126,15 @@ class LlamaCppEngine:
         cache = functools.lru_cache
         self._tokenize_text = cache(maxsize=16_384)(self._tokenize_text)  # type: ignore[method-assign]
         self._tokenize_template = cache(maxsize=256)(self._tokenize_template)  # type: ignore[method-assign]
-        self._message_overhead = self._measure_message_overhead()
+        self._accepts_system = renders(self._render_raw)
+        self._markers = template_markers(self._render_raw, self._accepts_system)
+        self._overhead = MessageOverhead.measure(
+            self._full_count, self.count_tokens, opens_with_system=self._accepts_system
+        )
         self._model_name = model_name or model_path.stem
         self._timeout_s = timeout_s
-        self._lock = asyncio.Lock()
+        self._slot_freed = asyncio.Condition()
+        self._num_acquired = 0
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -97,45 +149,29 @@ class LlamaCppEngine:
     def context_window(self) -> int:
         return int(self._llama.n_ctx())
 
+    @property
+    def accepts_system_role(self) -> bool:
+        return self._accepts_system
+
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
     def count_tokens(self, text: str) -> int:
         return len(self._tokenize_text(text))
-
-    def _measure_message_overhead(self) -> dict[str, int] | None:
-        """Template tokens per message role, if the template's token count is additive.
-
-        `prompt_tokens` tokenises each content on its own, so for templates like ChatML
-        the count is a constant plus, per message, a per-role constant plus its content's
-        tokens. Measured here, then checked on a probe conversation; for a template where
-        it does not hold, every count renders and tokenises the whole prompt.
-        """
-        x = ChatMessage("system", "x")
-        base = self._full_count([x])
-        overhead = {"system": self._full_count([x, x]) - base - 1}
-        for role in ("user", "assistant"):
-            overhead[role] = self._full_count([x, ChatMessage(role, "x")]) - base - 1
-        overhead[""] = base - overhead["system"] - 1  # the generation prompt and BOS
-        probe = [
-            ChatMessage("system", "Be brief, friendly; answer in English or 中文."),
-            ChatMessage("user", "I'm Xiao Ming, 我今年6岁了. Peanuts? 我对花生过敏!"),
-            ChatMessage("assistant", "Noted: no peanuts (花生) for you."),
-            ChatMessage("system", "Memories:\n- [2026-01-05 10:00] user: I like tea"),
-            ChatMessage("user", "What's a good snack?"),
-        ]
-        if self._full_count(probe) != self._additive_count(probe, overhead):
-            return None
-        return overhead
-
-    def _additive_count(self, messages: Sequence[ChatMessage], overhead: dict[str, int]) -> int:
-        return overhead[""] + sum(overhead[m.role] + self.count_tokens(m.content) for m in messages)
 
     def _full_count(self, messages: Sequence[ChatMessage]) -> int:
         return len(self.prompt_tokens(messages))
 
-    def render_prompt(self, messages: Sequence[ChatMessage]) -> str:
+    def _render_raw(self, messages: Sequence[ChatMessage]) -> str:
         response = self._formatter(
             messages=[{"role": m.role, "content": m.content} for m in messages]
         )
-        return response.prompt
+        return str(response.prompt)
+
+    def render_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        """The prompt text the template makes of a chat (see `counting.prepare`)."""
+        return self._render_raw(prepare(messages, self._accepts_system, self._markers))
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The prompt's tokens, with special tokens parsed only where the template puts them.
@@ -144,14 +180,15 @@ class LlamaCppEngine:
         cannot close their message and forge a system turn. The template is rendered
         with a placeholder per content, then cut at the placeholders.
         """
+        messages = prepare(messages, self._accepts_system, self._markers)
         holders = [f"\ufffcmemchat{i}\ufffc" for i in range(len(messages))]
-        rendered = self.render_prompt(
+        rendered = self._render_raw(
             [ChatMessage(m.role, holder) for m, holder in zip(messages, holders, strict=True)]
         )
         pieces = _PLACEHOLDER.split(rendered)
         if len(pieces) != 2 * len(messages) + 1:
             # The template dropped or repeated a message: tokenise the rendering as it is.
-            rendered = self.render_prompt(messages)
+            rendered = self._render_raw(messages)
             return self._llama.tokenize(rendered.encode("utf-8"), add_bos=True, special=True)
         tokens: list[int] = []
         for position, piece in enumerate(pieces):
@@ -168,25 +205,9 @@ class LlamaCppEngine:
         return tuple(self._llama.tokenize(piece.encode("utf-8"), add_bos=is_first, special=True))
 
     def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
-        overhead = self._message_overhead
-        if (
-            overhead is None
-            or not messages
-            or messages[0].role != "system"  # the template would add its default one
-            or any(m.role not in overhead for m in messages)
-        ):
-            return self._full_count(messages)
-        return self._additive_count(messages, overhead)
-
-    def _cached_prefix(self, tokens: Sequence[int]) -> int:
-        """Tokens llama.cpp will reuse from its KV cache (it always re-evaluates the last one)."""
-        previous = self._llama.input_ids[: self._llama.n_tokens]
-        shared = 0
-        for old, new in zip(previous, tokens[:-1], strict=False):
-            if old != new:
-                break
-            shared += 1
-        return shared
+        prepared = prepare(messages, self._accepts_system, self._markers)
+        counted = self._overhead.count(prepared) if self._overhead is not None else None
+        return self._full_count(messages) if counted is None else counted
 
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Completion:
         completion: Completion | None = None
@@ -217,6 +238,30 @@ class LlamaCppEngine:
     ) -> AsyncIterator[TextDelta | Completion]:
         return self._stream(messages, params, None)
 
+    async def _acquire(self, tokens: Sequence[int]) -> _Slot:
+        """The free slot whose cache shares most of `tokens`, waiting for one if needed."""
+        async with self._slot_freed:
+            while True:
+                free = [slot for slot in self._slots if not slot.busy]
+                if free:
+                    slot = max(free, key=lambda candidate: self._preference(candidate, tokens))
+                    slot.busy = True
+                    self._num_acquired += 1
+                    slot.last_used = self._num_acquired
+                    return slot
+                await self._slot_freed.wait()
+
+    @staticmethod
+    def _preference(slot: _Slot, tokens: Sequence[int]) -> tuple[int, int]:
+        """The slot holding most of the prompt, else the one left alone longest."""
+        shared = slot.shared_prefix(tokens)
+        return (shared if shared >= MIN_SHARED_TOKENS else 0, -slot.last_used)
+
+    async def _release(self, slot: _Slot) -> None:
+        async with self._slot_freed:
+            slot.busy = False
+            self._slot_freed.notify_all()
+
     async def _stream(
         self, messages: Sequence[ChatMessage], params: SamplingParams, grammar: Any
     ) -> AsyncIterator[TextDelta | Completion]:
@@ -229,13 +274,13 @@ class LlamaCppEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         cancel = threading.Event()
-        async with self._lock:
-            cached = self._cached_prefix(tokens)
-            worker = loop.run_in_executor(
-                None, self._generate_blocking, tokens, params, grammar, loop, queue, cancel
-            )
-            pieces: list[str] = []
-            finish_reason = "stop"
+        slot = await self._acquire(tokens)
+        pieces: list[str] = []
+        finish_reason = "stop"
+        try:
+            cached = slot.shared_prefix(tokens)
+            job = _Job(slot.llama, tokens, params, grammar, cancel, self._timeout_s)
+            worker = loop.run_in_executor(None, self._run_blocking, job, loop, queue)
             try:
                 while (item := await queue.get()) is not _DONE:
                     if isinstance(item, BaseException):
@@ -248,7 +293,10 @@ class LlamaCppEngine:
                         yield TextDelta(text)
             finally:
                 cancel.set()
-                await worker
+                # The thread stops within one batch; the slot is free only then.
+                await asyncio.shield(worker)
+        finally:
+            await self._release(slot)
         text = "".join(pieces)
         yield Completion(
             text=text,
@@ -258,52 +306,90 @@ class LlamaCppEngine:
             cached_prompt_tokens=cached,
         )
 
-    def _generate_blocking(
-        self,
-        tokens: list[int],
-        params: SamplingParams,
-        grammar: Any,
-        loop: asyncio.AbstractEventLoop,
-        queue: asyncio.Queue[Any],
-        cancel: threading.Event,
+    def _run_blocking(
+        self, job: _Job, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]
     ) -> None:
-        from llama_cpp import StoppingCriteriaList
-
-        deadline = time.monotonic() + self._timeout_s
-        timed_out = threading.Event()
-
-        def should_stop(_ids: Any, _logits: Any) -> bool:
-            if time.monotonic() > deadline:
-                timed_out.set()
-            return cancel.is_set() or timed_out.is_set()
-
         put = queue.put_nowait
         try:
-            chunks = self._llama.create_completion(
-                prompt=tokens,
-                max_tokens=params.max_tokens,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k,
-                stop=[*params.stop, *self._template_stop],
-                seed=params.seed,
-                stream=True,
-                stopping_criteria=StoppingCriteriaList([should_stop]),
-                grammar=grammar,
-            )
-            for chunk in chunks:
-                choice = chunk["choices"][0]
-                loop.call_soon_threadsafe(put, (choice["text"], choice["finish_reason"]))
-            if timed_out.is_set():
-                raise EngineTimeoutError(f"generation exceeded {self._timeout_s} s")
+            for item in job.run(self._template_stop):
+                loop.call_soon_threadsafe(put, item)
         except Exception as exc:
             loop.call_soon_threadsafe(put, exc)
         finally:
             loop.call_soon_threadsafe(put, _DONE)
 
     async def close(self) -> None:
-        async with self._lock:
-            self._llama.close()
+        async with self._slot_freed:
+            while any(slot.busy for slot in self._slots):
+                await self._slot_freed.wait()
+            for slot in self._slots:
+                slot.llama.close()
+
+
+@dataclass
+class _Job:
+    """One generation on one slot, run in a worker thread."""
+
+    llama: Any
+    tokens: list[int]
+    params: SamplingParams
+    grammar: Any
+    cancel: threading.Event
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        self._deadline = time.monotonic() + self.timeout_s
+        self.timed_out = False
+
+    def should_stop(self, *_: Any) -> bool:
+        if time.monotonic() > self._deadline:
+            self.timed_out = True
+        return self.cancel.is_set() or self.timed_out
+
+    def _prefill(self) -> None:
+        """Evaluate all but the prompt's last token, a batch at a time, from where the
+        slot's cache stops sharing it (llama.cpp then evaluates the last one itself)."""
+        llama = self.llama
+        target = self.tokens[:-1]
+        shared = 0
+        for old, new in zip(llama.input_ids[: llama.n_tokens], target, strict=False):
+            if old != new:
+                break
+            shared += 1
+        llama.n_tokens = shared  # `eval` drops the cache beyond it
+        for start in range(shared, len(target), BATCH_TOKENS):
+            if self.should_stop():
+                raise _Stopped
+            llama.eval(target[start : start + BATCH_TOKENS])
+
+    def run(self, template_stop: list[str]) -> Any:
+        """(text, finish reason) pairs; raises EngineTimeoutError past the deadline."""
+        from llama_cpp import StoppingCriteriaList
+
+        try:
+            self._prefill()
+            chunks = self.llama.create_completion(
+                prompt=self.tokens,
+                max_tokens=self.params.max_tokens,
+                temperature=self.params.temperature,
+                top_p=self.params.top_p,
+                top_k=self.params.top_k,
+                stop=[*self.params.stop, *template_stop],
+                seed=self.params.seed,
+                stream=True,
+                stopping_criteria=StoppingCriteriaList([self.should_stop]),
+                grammar=self.grammar,
+            )
+            for chunk in chunks:
+                choice = chunk["choices"][0]
+                yield choice["text"], choice["finish_reason"]
+        except _Stopped:
+            pass
+        if self.timed_out:
+            raise EngineTimeoutError(
+                f"the turn exceeded the engine's {self.timeout_s} s limit "
+                "(prompt evaluation included)"
+            )
 
 
 def _translate(exc: BaseException) -> EngineError:

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from retrieval.engines.counting import MessageOverhead
+from retrieval.engines.counting import MessageOverhead, prepare, renders, template_markers
 from retrieval.engines.replicas import Replica, ReplicaSet, backoff_s
 from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
@@ -75,7 +75,12 @@ class VllmEngine:
         self._model_name, self._context_window = self._discover(model)
         self._count_text = functools.lru_cache(maxsize=16_384)(self._count_text)  # type: ignore[method-assign]
         self._prompts: OrderedDict[tuple[tuple[str, str], ...], list[int]] = OrderedDict()
-        self._overhead = MessageOverhead.measure(self._full_count, self.count_tokens)
+        self._markers: frozenset[str] = frozenset()
+        self._accepts_system = renders(self._tokenize_refusing)
+        self._markers = template_markers(self._render, self._accepts_system)
+        self._overhead = MessageOverhead.measure(
+            self._full_count, self.count_tokens, opens_with_system=self._accepts_system
+        )
 
     # Discovery and counting (blocking: the Engine protocol counts synchronously) ------
 
@@ -119,6 +124,31 @@ class VllmEngine:
             return response.json()
         raise EngineUnavailableError(self._unreachable(path))
 
+    def _tokenize_refusing(self, messages: Sequence[ChatMessage]) -> None:
+        """Tokenise a chat as it is; raises when the server's template refuses it."""
+        body = {
+            "model": self._model_name,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "add_generation_prompt": True,
+        }
+        try:
+            self._sync_call("POST", "/tokenize", body)
+        except EngineUnavailableError:
+            raise
+        except EngineError as exc:  # 4xx: the template raised on this chat
+            raise ValueError(str(exc)) from exc
+
+    def _render(self, messages: Sequence[ChatMessage]) -> str:
+        """The prompt text the server's template makes of a chat (tokenised, then
+        detokenised with its special tokens)."""
+        tokens = self.prompt_tokens(messages)
+        body = {"model": self._model_name, "tokens": tokens}
+        return str(self._sync_call("POST", "/detokenize", body)["prompt"])
+
+    @property
+    def accepts_system_role(self) -> bool:
+        return self._accepts_system
+
     @property
     def model_name(self) -> str:
         return self._model_name
@@ -144,7 +174,7 @@ class VllmEngine:
             return tokens
         body = {
             "model": self._model_name,
-            "messages": _messages(messages),
+            "messages": self._messages(messages),
             "add_generation_prompt": True,
         }
         tokens = [int(t) for t in self._sync_call("POST", "/tokenize", body)["tokens"]]
@@ -161,8 +191,14 @@ class VllmEngine:
             # The server refuses to render an empty conversation; what the template adds
             # to any prompt (the reply's opening) is the measured fixed part.
             return self._overhead.fixed if self._overhead else 0
-        counted = self._overhead.count(messages) if self._overhead else None
+        prepared = prepare(messages, self._accepts_system, self._markers)
+        counted = self._overhead.count(prepared) if self._overhead else None
         return self._full_count(messages) if counted is None else counted
+
+    def _messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+        """The chat as the server's template gets it (see `counting.prepare`)."""
+        prepared = prepare(messages, self._accepts_system, self._markers)
+        return [{"role": m.role, "content": m.content} for m in prepared]
 
     # Generation ------------------------------------------------------------------
 
@@ -171,7 +207,7 @@ class VllmEngine:
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self._model_name,
-            "messages": _messages(messages),
+            "messages": self._messages(messages),
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -235,9 +271,28 @@ class VllmEngine:
         replica.breaker.record_success()
         return response
 
+    async def _send_within(
+        self, body: dict[str, Any], deadline: float
+    ) -> tuple[Replica, httpx.Response]:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._send(body)
+        except TimeoutError as exc:
+            raise EngineTimeoutError(self._over_time()) from exc
+
+    def _over_time(self) -> str:
+        return f"the turn exceeded the engine's {self._timeout_s} s limit (prompt included)"
+
+    def _deadline(self) -> float:
+        """`timeout_s` bounds a whole generation: waiting for the server to take the
+        prompt and evaluate it as much as producing the reply."""
+        return asyncio.get_running_loop().time() + self._timeout_s
+
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Completion:
-        replica, response = await self._send(self._body(messages, params, stream=False))
-        payload = await self._read_json(replica, response)
+        deadline = self._deadline()
+        body = self._body(messages, params, stream=False)
+        replica, response = await self._send_within(body, deadline)
+        payload = await self._read_json(replica, response, deadline)
         choice = payload["choices"][0]
         return _completion(choice["message"].get("content") or "", choice, payload.get("usage"))
 
@@ -245,13 +300,14 @@ class VllmEngine:
         self, messages: Sequence[ChatMessage], schema: Mapping[str, Any], params: SamplingParams
     ) -> str:
         """A reply constrained to `schema` (vLLM's structured output); valid JSON text."""
+        deadline = self._deadline()
         body = self._body(messages, params, stream=False)
         body["response_format"] = {
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": dict(schema), "strict": True},
         }
-        replica, response = await self._send(body)
-        payload = await self._read_json(replica, response)
+        replica, response = await self._send_within(body, deadline)
+        payload = await self._read_json(replica, response, deadline)
         text = payload["choices"][0]["message"].get("content") or ""
         try:
             json.loads(text)
@@ -260,12 +316,14 @@ class VllmEngine:
             raise EngineError(f"the engine's JSON output is incomplete ({reason})") from exc
         return str(text)
 
-    async def _read_json(self, replica: Replica, response: httpx.Response) -> dict[str, Any]:
+    async def _read_json(
+        self, replica: Replica, response: httpx.Response, deadline: float
+    ) -> dict[str, Any]:
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout_at(deadline):
                 return dict(json.loads(await response.aread()))
         except TimeoutError as exc:
-            raise EngineTimeoutError(f"{replica.url} took over {self._timeout_s} s") from exc
+            raise EngineTimeoutError(f"{replica.url}: {self._over_time()}") from exc
         except (httpx.HTTPError, ValueError) as exc:
             raise EngineUnavailableError(f"{replica.url} broke off its answer: {exc}") from exc
         finally:
@@ -274,15 +332,24 @@ class VllmEngine:
     async def stream(
         self, messages: Sequence[ChatMessage], params: SamplingParams
     ) -> AsyncIterator[TextDelta | Completion]:
-        replica, response = await self._send(self._body(messages, params, stream=True))
-        deadline = self._clock() + self._timeout_s
+        """A cancelled stream (the client went away) closes the connection, which makes
+        vLLM abort the request."""
+        deadline = self._deadline()
+        body = self._body(messages, params, stream=True)
+        replica, response = await self._send_within(body, deadline)
         pieces: list[str] = []
         finish: dict[str, Any] = {}
         usage: dict[str, Any] | None = None
+        events = _events(replica, response)
         try:
-            async for data in _events(replica, response):
-                if self._clock() > deadline:
-                    raise EngineTimeoutError(f"generation exceeded {self._timeout_s} s")
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        data = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError as exc:
+                    raise EngineTimeoutError(f"{replica.url}: {self._over_time()}") from exc
                 usage = data.get("usage") or usage
                 for choice in data.get("choices") or ():
                     if text := (choice.get("delta") or {}).get("content"):
@@ -291,6 +358,7 @@ class VllmEngine:
                     if choice.get("finish_reason"):
                         finish = choice
         finally:
+            await events.aclose()
             await response.aclose()
         if not finish or usage is None:
             raise EngineUnavailableError(f"{replica.url} ended its stream before the reply ended")
@@ -329,10 +397,6 @@ class VllmEngine:
     async def close(self) -> None:
         await self._client.aclose()
         self._sync.close()
-
-
-def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 def tenant_salt(tenant: str) -> str:

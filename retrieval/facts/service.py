@@ -48,6 +48,8 @@ class PinnedFact:
     category: str
     priority: int
     valid_from: dt.datetime
+    # When memchat learnt it (valid_from is when the user said it, maybe long before).
+    created_at: dt.datetime
 
 
 def fact_order(fact: PinnedFact | Fact) -> tuple[int, int]:
@@ -239,7 +241,10 @@ class FactMemory:
         """Active pinned facts in prompt order: highest priority first, then oldest."""
         facts = [f for f in await self._facts.list_facts(user_pk) if f.is_pinned]
         facts.sort(key=fact_order)
-        return [PinnedFact(f.id, f.text, f.category, f.priority, utc(f.valid_from)) for f in facts]
+        return [
+            PinnedFact(f.id, f.text, f.category, f.priority, utc(f.valid_from), utc(f.created_at))
+            for f in facts
+        ]
 
     async def search(self, user_pk: int, vector: np.ndarray, k: int) -> list[FactHit]:
         """Active facts by cosine similarity to the query, best first."""

@@ -2,12 +2,15 @@
 
 Each scope is an `IndexIDMap2` over `IndexFlatIP`: exact search, ids are message ids.
 Files are written atomically (temporary file then rename) so a crash leaves either the
-old or the new file, never half of one. A file that cannot be read is reported as
-corrupt; the caller rebuilds that scope from SQL rather than starting it empty.
+old or the new file, never half of one. Each file carries a SHA-256 of its index: a file
+that cannot be read, or whose bytes do not match their checksum (overwritten on disk,
+or written by a version without checksums), is reported as corrupt and never used; the
+caller rebuilds that scope from SQL, and only the rebuilt index is written back.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Collection, Sequence
@@ -17,6 +20,29 @@ import faiss
 import numpy as np
 
 from retrieval.protocols import IndexLoadResult, ScoredId
+
+# File layout: MAGIC, the SHA-256 of the payload (32 bytes), the serialised index.
+MAGIC = b"memchat-faiss-1\n"
+DIGEST_BYTES = 32
+
+
+def encode_index(index: faiss.Index) -> bytes:
+    payload = faiss.serialize_index(index).tobytes()
+    return MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def decode_index(data: bytes) -> faiss.Index | None:
+    """The index in a file's bytes, or None when they are not an intact file of ours."""
+    if not data.startswith(MAGIC):
+        return None
+    start = len(MAGIC) + DIGEST_BYTES
+    digest, payload = data[len(MAGIC) : start], data[start:]
+    if hashlib.sha256(payload).digest() != digest:
+        return None
+    try:
+        return faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
+    except RuntimeError:
+        return None
 
 
 class FaissIndex:
@@ -50,13 +76,12 @@ class FaissIndex:
             if not path.exists():
                 self._scopes[scope] = self._new()
                 return IndexLoadResult("missing")
-            try:
-                index = faiss.read_index(str(path))
-            except RuntimeError:
-                self._scopes[scope] = self._new()
-                self._dirty.add(scope)
-                return IndexLoadResult("corrupt")
-            if index.d != self._dimension or not isinstance(index, faiss.IndexIDMap2):
+            index = decode_index(path.read_bytes())
+            if (
+                index is None
+                or index.d != self._dimension
+                or not isinstance(index, faiss.IndexIDMap2)
+            ):
                 self._scopes[scope] = self._new()
                 self._dirty.add(scope)
                 return IndexLoadResult("corrupt")
@@ -146,7 +171,10 @@ class FaissIndex:
             for scope in sorted(self._dirty):
                 path = self._path(scope)
                 tmp = path.with_suffix(".tmp")
-                faiss.write_index(self._scopes[scope], str(tmp))
+                with tmp.open("wb") as handle:
+                    handle.write(encode_index(self._scopes[scope]))
+                    handle.flush()
+                    os.fsync(handle.fileno())
                 os.replace(tmp, path)
             self._dirty.clear()
 
