@@ -21,7 +21,8 @@ from litestar.openapi import OpenAPIConfig
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
-from app.access import (
+from app.access.guard import RequestGuard
+from app.access.keys import (
     PUBLIC_PATHS,
     AccessGate,
     AccessMiddleware,
@@ -29,24 +30,23 @@ from app.access import (
     check_local_mode,
     provide_principal,
 )
-from app.errors import EXCEPTION_HANDLERS
-from app.observability import ServiceMetrics
-from app.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
-from app.request_context import observe_requests
-from app.request_guard import RequestGuard
-from app.routes.admin import AdminController, Deployment
-from app.routes.admin_page import AdminLoginController, AdminPageController, form_token_field
-from app.routes.facts import FactController
-from app.routes.health import healthz, readyz
-from app.routes.knowledge import KnowledgeController
-from app.routes.memory import MemoryController
-from app.routes.metrics import metrics
-from app.routes.sessions import SamplingDefaults, SessionController
+from app.api.admin import AdminController, Deployment
+from app.api.admin_page import AdminLoginController, AdminPageController, form_token_field
+from app.api.errors import EXCEPTION_HANDLERS
+from app.api.facts import FactController
+from app.api.health import healthz, readyz
+from app.api.knowledge import KnowledgeController
+from app.api.memory import MemoryController
+from app.api.metrics import metrics
+from app.api.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
+from app.api.sessions import SamplingDefaults, SessionController
+from app.observability.metrics import ServiceMetrics
+from app.observability.requests import observe_requests
 from app.runtime import Runtime, build_runtime, close_runtime
 from app.settings import Settings
-from retrieval.chat import ChatService
-from retrieval.facts.service import FactMemory
-from retrieval.knowledge import KnowledgeBase
+from retrieval.chat.service import ChatService
+from retrieval.facts.memory import FactMemory
+from retrieval.knowledge.base import KnowledgeBase
 from retrieval.protocols import (
     Embedder,
     Engine,

@@ -15,18 +15,23 @@ import anyio
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.settings import EmbedderSettings, EngineSettings, RetrievalSettings, Settings
-from retrieval.chat import ChatConfig, ChatService
-from retrieval.context import ContextAssembler
-from retrieval.facts.extract import rule_extractor
+from app.settings import (
+    ChatSettings,
+    EmbedderSettings,
+    EngineSettings,
+    KnowledgeSettings,
+    RetrievalSettings,
+    Settings,
+)
+from retrieval.chat.events import TurnResult
+from retrieval.chat.service import ChatConfig, ChatService
 from retrieval.facts.llm import LlmFactExtractor
-from retrieval.facts.service import FactMemory
+from retrieval.facts.memory import FactMemory
+from retrieval.facts.rules import rule_extractor
 from retrieval.facts.worker import FactWorker
-from retrieval.knowledge import KnowledgeBase, KnowledgeConfig
-from retrieval.lexical import Feedback
-from retrieval.memory import RetrievalConfig, TurnMemory
-from retrieval.neighbours import NeighbourConfig
-from retrieval.operations import MemoryOperations
+from retrieval.knowledge.base import KnowledgeBase, KnowledgeConfig
+from retrieval.maintenance import MemoryOperations
+from retrieval.prompt.layout import ContextAssembler
 from retrieval.protocols import (
     Embedder,
     Engine,
@@ -35,10 +40,12 @@ from retrieval.protocols import (
     Summarizer,
     VectorIndex,
 )
-from retrieval.records import TurnResult
-from retrieval.summary import ExtractiveSummarizer, LlmSummarizer
-from retrieval.turn_text import TextRecipe
-from retrieval.window import WindowConfig, WindowKeeper
+from retrieval.search.expansion import NeighbourConfig
+from retrieval.search.indexed_text import TextRecipe
+from retrieval.search.lexical import Feedback
+from retrieval.search.memory import RetrievalConfig, TurnMemory
+from retrieval.window.keeper import WindowConfig, WindowKeeper
+from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer
 from storage import migrate
 from storage.access import AccessStore
 from storage.admin import AdminStore
@@ -172,14 +179,42 @@ def build_knowledge(
         KnowledgeStore(create_sessionmaker(db_engine)),
         embedder,
         build_chroma_index(settings, embedder.dimension, "knowledge"),
-        KnowledgeConfig(
-            chunk_tokens=config.chunk_tokens,
-            overlap_tokens=config.overlap_tokens,
-            embed_batch_size=config.embed_batch_size,
-            max_document_chars=config.max_document_chars,
-            inline_chunks=config.inline_chunks,
-            max_upload_bytes=config.max_upload_bytes,
-        ),
+        knowledge_config(config),
+    )
+
+
+def knowledge_config(config: KnowledgeSettings) -> KnowledgeConfig:
+    return KnowledgeConfig(
+        chunk_tokens=config.chunk_tokens,
+        overlap_tokens=config.overlap_tokens,
+        embed_batch_size=config.embed_batch_size,
+        max_document_chars=config.max_document_chars,
+        inline_chunks=config.inline_chunks,
+        max_upload_bytes=config.max_upload_bytes,
+    )
+
+
+def window_config(config: ChatSettings) -> WindowConfig:
+    return WindowConfig(
+        max_messages=config.recent_window_messages,
+        eviction_chunk=config.window_eviction_chunk,
+        low_water=config.window_low_water,
+    )
+
+
+def chat_config(settings: Settings) -> ChatConfig:
+    return ChatConfig(
+        retrieval_k=settings.chat.retrieval_k,
+        summary_share=settings.chat.summary_share,
+        memory_share=settings.chat.memory_share,
+        facts_share=settings.chat.facts_share,
+        max_content_chars=settings.chat.max_content_chars,
+        max_import_messages=settings.chat.max_import_messages,
+        max_import_chars=settings.chat.max_import_chars,
+        max_metadata_bytes=settings.chat.max_metadata_bytes,
+        max_pending_turns=settings.chat.max_pending_turns,
+        knowledge_k=settings.knowledge.retrieval_k,
+        knowledge_share=settings.knowledge.share,
     )
 
 
@@ -288,30 +323,14 @@ async def build_runtime(
         summaries,
         build_summarizer(settings, engine),
         assembler,
-        WindowConfig(
-            max_messages=settings.chat.recent_window_messages,
-            eviction_chunk=settings.chat.window_eviction_chunk,
-            low_water=settings.chat.window_low_water,
-        ),
+        window_config(settings.chat),
     )
     chat = ChatService(
         store,
         memory,
         engine,
         assembler,
-        ChatConfig(
-            retrieval_k=settings.chat.retrieval_k,
-            summary_share=settings.chat.summary_share,
-            memory_share=settings.chat.memory_share,
-            facts_share=settings.chat.facts_share,
-            max_content_chars=settings.chat.max_content_chars,
-            max_import_messages=settings.chat.max_import_messages,
-            max_import_chars=settings.chat.max_import_chars,
-            max_metadata_bytes=settings.chat.max_metadata_bytes,
-            max_pending_turns=settings.chat.max_pending_turns,
-            knowledge_k=settings.knowledge.retrieval_k,
-            knowledge_share=settings.knowledge.share,
-        ),
+        chat_config(settings),
         windows=windows,
         facts=facts,
         knowledge=knowledge,

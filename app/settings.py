@@ -78,7 +78,7 @@ class ChatSettings(BaseModel):
     # The recent window holds at most this many messages, and at most what the other
     # sections of the prompt leave it; past either, small talk leaves first, then the
     # oldest messages in one chunk (a multiple of this many, or down to the low-water
-    # share of the window's room; see retrieval.window.WindowConfig), into the summary.
+    # share of the window's room; see retrieval.window.keeper.WindowConfig), into the summary.
     recent_window_messages: int = Field(100, ge=0)
     window_eviction_chunk: int = Field(20, ge=1)
     window_low_water: float = Field(0.5, ge=0, le=1)

@@ -71,7 +71,10 @@ async def service(url: str | None) -> AsyncIterator[httpx.AsyncClient]:
         await migrate.upgrade(engine)
         await engine.dispose()
         app = create_app(settings, engine=CountingEngine())
-        async with AsyncTestClient(app=app, timeout=600) as client:
+        # Addressed as a local client: local mode answers loopback hosts only.
+        async with AsyncTestClient(
+            app=app, base_url="http://127.0.0.1:8000", timeout=600
+        ) as client:
             yield client
 
 

@@ -1,6 +1,6 @@
 """How long one user's long prompt holds others up, on the embedded engine (llama.cpp).
 
-A long message (32,000 characters, ~8,000 tokens, `max_tokens` 1, as the issue that
+A long message (30,000 characters, ~7,700 tokens, `max_tokens` 1, as the issue that
 found it) is sent, and a short turn of another user starts just after it. Printed for
 1 slot (the engine as it was: one KV cache, one turn at a time) and for the default
 2 slots: the short turn's latency alone and behind the long prompt, and how long the
@@ -23,7 +23,7 @@ from retrieval.protocols import ChatMessage, SamplingParams
 WEEK = "Ugh, what a week. The weather was awful and the trains were late. "
 LONG = [
     ChatMessage("system", "You are a helpful assistant."),
-    ChatMessage("user", (WEEK * 500)[:32_000]),
+    ChatMessage("user", (WEEK * 500)[:30_000]),
 ]
 SHORT = [
     ChatMessage("system", "You are a helpful assistant."),

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from retrieval.facts.extract import rule_extractor
 from retrieval.facts.model import normalize
+from retrieval.facts.rules import rule_extractor
 
 DATA = Path(__file__).parent / "labelled"
 

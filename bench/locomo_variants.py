@@ -29,12 +29,16 @@ from pathlib import Path
 import numpy as np
 from locomo import CATEGORIES, DATA, normalise_evidence, normalise_id, sessions_of
 
-from retrieval.fusion import drop_near_duplicates, reciprocal_rank_fusion, standardised_fusion
-from retrieval.lexical import Feedback, LexicalIndex, tokenize
-from retrieval.memory import mean_of_pieces
-from retrieval.neighbours import NeighbourConfig, WordNeighbours
 from retrieval.protocols import ScoredId
-from retrieval.turn_text import TextRecipe, TurnText, dense_texts, indexed_parts
+from retrieval.search.expansion import NeighbourConfig, WordNeighbours
+from retrieval.search.fusion import (
+    drop_near_duplicates,
+    reciprocal_rank_fusion,
+    standardised_fusion,
+)
+from retrieval.search.indexed_text import TextRecipe, TurnText, dense_texts, indexed_parts
+from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.search.memory import mean_of_pieces
 
 KS = (5, 10, 20)
 SPLITS = {"tune": ("conv-26", "conv-44"), "held-out": ("conv-48", "conv-50")}
@@ -134,12 +138,13 @@ def evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[s
     return asyncio.run(_evaluate(variant, conversations, vectors))
 
 
-def _options(variant: dict[str, str]) -> tuple[Feedback | None, NeighbourConfig]:
-    feedback = None
+def _options(variant: dict[str, str]) -> tuple[Feedback, NeighbourConfig]:
+    """A variant's feedback and expansion: off unless the variant names them."""
+    feedback = Feedback(num_docs=0)
     if "feedback" in variant:
         docs, terms, weight = variant["feedback"].split(",")
         feedback = Feedback(int(docs), int(terms), float(weight))
-    neighbours = NeighbourConfig()
+    neighbours = NeighbourConfig(num_neighbours=0)
     if "nb" in variant:
         count, similarity, weight = variant["nb"].split(",")
         neighbours = NeighbourConfig(int(count), float(similarity), float(weight))

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from app.runtime import Runtime, build_runtime, close_runtime
 from app.settings import FactSettings, Settings
-from retrieval.facts.extract import rule_extractor
-from retrieval.knowledge import Upload
+from retrieval.facts.rules import rule_extractor
+from retrieval.knowledge.base import Upload
 from retrieval.protocols import SamplingParams
-from retrieval.records import ImportedMessage
+from retrieval.turns import ImportedMessage
 from storage import migrate
 from storage.db import create_engine
 from storage.models import DEFAULT_TENANT_ID

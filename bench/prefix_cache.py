@@ -106,7 +106,7 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
 @contextmanager
 def local_vllm(log: Path, enforce_eager: bool):
     sys.path.insert(0, str(REPO))
-    from app import vllm_local
+    from app.vllm_server import local as vllm_local
     from retrieval.engines.llamacpp import default_model_path
 
     python = vllm_local.ensure_venv()

@@ -10,7 +10,7 @@ from litestar.testing import AsyncTestClient
 from app.factory import create_app
 from app.settings import Settings
 from retrieval.errors import EmbeddingModelMismatchError
-from retrieval.sections import CONTEXT_CLOSE, CONTEXT_OPEN, MEMORY_HEADER
+from retrieval.prompt.render import CONTEXT_CLOSE, CONTEXT_OPEN, MEMORY_HEADER
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session

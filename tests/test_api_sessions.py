@@ -5,7 +5,7 @@ from __future__ import annotations
 from litestar.testing import AsyncTestClient
 
 from retrieval.errors import EngineError
-from retrieval.sections import CONTEXT_CLOSE, CONTEXT_OPEN
+from retrieval.prompt.render import CONTEXT_CLOSE, CONTEXT_OPEN
 from tests.fakes import ScriptedEngine
 
 

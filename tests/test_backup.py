@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from litestar.testing import AsyncTestClient
 
-from app.backup import BackupFormatError, export_user, import_user
+from app.cli.backup import BackupFormatError, export_user, import_user
 from app.settings import Settings
 from retrieval.indexes.faiss import FaissIndex
-from retrieval.memory import TurnMemory
+from retrieval.search.memory import TurnMemory
 from storage import migrate
 from storage.db import create_engine, create_sessionmaker
 from storage.models import DEFAULT_TENANT_ID

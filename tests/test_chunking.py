@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval.chunking import Chunk, Chunker, count_tokens, sections
+from retrieval.knowledge.chunking import Chunk, Chunker, count_tokens, sections
 
 
 def test_token_counts_for_english_and_chinese() -> None:

@@ -10,18 +10,17 @@ import datetime as dt
 
 import pytest
 
-from retrieval.context import ContextAssembler
 from retrieval.errors import ContextTooLongError
-from retrieval.sections import (
+from retrieval.prompt.budget import ContextBudget
+from retrieval.prompt.layout import ContextAssembler
+from retrieval.prompt.render import (
     CONTEXT_CLOSE,
     CONTEXT_OPEN,
     HISTORY_OPENING,
     MEMORY_HEADER,
-    ContextBudget,
-    RecentTurn,
-    RetrievedMemory,
     context_block,
 )
+from retrieval.prompt.report import RecentTurn, RetrievedMemory
 from tests.fakes import ScriptedEngine
 
 WHEN = dt.datetime(2026, 1, 5, 10, 0, tzinfo=dt.UTC)

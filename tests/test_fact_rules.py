@@ -7,9 +7,9 @@ import json
 import pytest
 
 from retrieval.errors import EngineError
-from retrieval.facts.extract import rule_extractor
 from retrieval.facts.llm import SCHEMA, LlmFactExtractor
 from retrieval.facts.model import CandidateFact, is_instruction, statement
+from retrieval.facts.rules import rule_extractor
 
 
 def extract(text: str) -> list[tuple[str, str]]:

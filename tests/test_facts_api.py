@@ -11,7 +11,7 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import PROMPTS_DIR, FactSettings, Settings
-from retrieval.sections import CONTEXT_OPEN, FACTS_HEADER, NEW_FACTS_HEADER
+from retrieval.prompt.render import CONTEXT_OPEN, FACTS_HEADER, NEW_FACTS_HEADER
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history

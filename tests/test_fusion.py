@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval.fusion import (
+from retrieval.protocols import ScoredId
+from retrieval.search.fusion import (
     drop_near_duplicates,
     jaccard,
     reciprocal_rank_fusion,
     standardised_fusion,
 )
-from retrieval.protocols import ScoredId
 
 
 def ranked(*ids: int) -> list[ScoredId]:

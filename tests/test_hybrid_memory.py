@@ -15,10 +15,11 @@ from app.factory import create_app
 from app.settings import RetrievalSettings, Settings, TurnTextSettings
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
-from retrieval.memory import RetrievalConfig, TurnMemory
-from retrieval.neighbours import NeighbourConfig
 from retrieval.protocols import Embedder
-from retrieval.turn_text import TextRecipe
+from retrieval.search.expansion import NeighbourConfig
+from retrieval.search.indexed_text import TextRecipe
+from retrieval.search.lexical import Feedback
+from retrieval.search.memory import RetrievalConfig, TurnMemory
 from storage.db import create_engine, create_sessionmaker
 from storage.models import DEFAULT_TENANT_ID
 from storage.repository import NewMessage, Store
@@ -27,8 +28,20 @@ from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history, search
 from tests.test_api_sessions import create_session
 
-HYBRID = RetrievalConfig(mode="hybrid", duplicate_threshold=0.9)
+# The service's own configuration (the settings' defaults).
+HYBRID = RetrievalConfig()
 CONTEXTUAL = TextRecipe(speaker=True, date=True, caption=True, previous=1)
+# Tests of one mechanism switch the others off, by name: the raw turn as text, no
+# pseudo-relevance feedback, no related-word expansion, context terms at full weight.
+RAW = TextRecipe()
+BARE = replace(
+    HYBRID,
+    dense_text=RAW,
+    lexical_text=RAW,
+    feedback=Feedback(num_docs=0),
+    neighbours=NeighbourConfig(num_neighbours=0),
+    context_weight=1.0,
+)
 
 
 @pytest.fixture
@@ -65,7 +78,7 @@ async def user_pk_of(store: Store) -> int:
 async def test_lexical_index_is_rebuilt_from_sql_and_follows_deletes(
     store: Store, tmp_path: Path
 ) -> None:
-    lexical = RetrievalConfig(mode="lexical", duplicate_threshold=2.0)
+    lexical = replace(BARE, mode="lexical", duplicate_threshold=2.0)
     memory = memory_for(store, tmp_path / "i", lexical)
     first = await add_turns(store, memory, [("A", "我对花生过敏"), ("B", "今天天气很好")])
     second = await add_turns(store, memory, [("A", "花生酱很好吃"), ("B", "red car")])
@@ -97,17 +110,19 @@ async def test_hybrid_fuses_dense_and_lexical_and_drops_duplicates(
         ],
     )
     user_pk = await user_pk_of(store)
-    assert await ranked(memory, user_pk, "peanut allergy") == [ids[0], ids[2], ids[3]]
-    assert await ranked(memory, user_pk, "peanut allergy", k=1) == [ids[0]]
+    # The second copy leads: its lexical text also carries the turn before it (the
+    # first copy) as context. One copy is kept.
+    assert await ranked(memory, user_pk, "peanut allergy") == [ids[1], ids[2], ids[3]]
+    assert await ranked(memory, user_pk, "peanut allergy", k=1) == [ids[1]]
     # Without dedup both copies come back.
-    plain = memory_for(store, tmp_path / "h2", RetrievalConfig(duplicate_threshold=2.0))
-    assert await ranked(plain, user_pk, "peanut allergy", k=2) == [ids[0], ids[1]]
+    plain = memory_for(store, tmp_path / "h2", replace(HYBRID, duplicate_threshold=2.0))
+    assert await ranked(plain, user_pk, "peanut allergy", k=3) == [ids[1], ids[2], ids[0]]
 
 
 async def test_contextual_text_finds_a_turn_by_its_neighbour_and_caption(
     store: Store, tmp_path: Path
 ) -> None:
-    config = RetrievalConfig(mode="lexical", lexical_text=CONTEXTUAL, duplicate_threshold=2.0)
+    config = replace(BARE, mode="lexical", lexical_text=CONTEXTUAL, duplicate_threshold=2.0)
     memory = memory_for(store, tmp_path / "c", config)
     chat, _user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
     result = await store.add_messages(
@@ -148,7 +163,7 @@ async def test_related_words_of_the_real_embedder_find_a_turn_without_the_asked_
         ("Mel", "We went hiking on Sunday"),
         ("Mel", "Pasta for dinner again"),
     ]
-    words_only = RetrievalConfig(mode="lexical", duplicate_threshold=2.0)
+    words_only = replace(BARE, mode="lexical", duplicate_threshold=2.0)
     plain = TurnMemory(store, real_embedder, FaissIndex(tmp_path / "p", 384), words_only)
     ids = await add_turns(store, plain, turns)
     user_pk = await user_pk_of(store)
@@ -162,7 +177,7 @@ async def test_a_windowed_turn_vector_is_the_mean_of_its_windows(
     store: Store, tmp_path: Path
 ) -> None:
     recipe = TextRecipe(speaker=True, window=4)
-    memory = memory_for(store, tmp_path / "w", RetrievalConfig(mode="dense", dense_text=recipe))
+    memory = memory_for(store, tmp_path / "w", replace(BARE, mode="dense", dense_text=recipe))
     [turn_id] = await add_turns(store, memory, [("Mel", "we adopted a puppy named Rex")])
     assert memory.vector_model == "hash-64#speaker+window4"
     [stored] = await store.list_user_vectors(await user_pk_of(store), {turn_id})
@@ -179,11 +194,11 @@ async def test_a_windowed_turn_vector_is_the_mean_of_its_windows(
 async def test_a_changed_turn_text_is_treated_like_a_model_change(
     store: Store, tmp_path: Path
 ) -> None:
-    raw = memory_for(store, tmp_path / "m", RetrievalConfig(mode="dense"))
+    raw = memory_for(store, tmp_path / "m", replace(BARE, mode="dense"))
     ids = await add_turns(store, raw, [("A", "green boat"), ("B", "red car")])
     assert await store.list_embedding_models() == [("hash-64", 64)]
     contextual = memory_for(
-        store, tmp_path / "m", RetrievalConfig(mode="dense", dense_text=CONTEXTUAL)
+        store, tmp_path / "m", replace(BARE, mode="dense", dense_text=CONTEXTUAL)
     )
     assert contextual.vector_model == "hash-64#speaker+date+caption+previous1"
     with pytest.raises(EmbeddingModelMismatchError, match="memchat reindex"):

@@ -18,8 +18,8 @@ from litestar.testing import AsyncTestClient
 from app.factory import create_app
 from app.runtime import build_knowledge
 from app.settings import IndexSettings, KnowledgeSettings, RetrievalSettings, Settings
+from retrieval.prompt.render import KNOWLEDGE_HEADER
 from retrieval.protocols import Embedder
-from retrieval.sections import KNOWLEDGE_HEADER
 from storage.db import create_engine
 from tests.clients import local_client
 from tests.documents import HANDBOOK_MD

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrieval.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
 
 
 def test_english_words_are_stemmed_and_stop_words_dropped() -> None:

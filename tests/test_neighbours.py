@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from retrieval.lexical import LexicalIndex
-from retrieval.neighbours import NeighbourConfig, WordNeighbours
+from retrieval.search.expansion import NeighbourConfig, WordNeighbours
+from retrieval.search.lexical import LexicalIndex
 
 
 def unit(*values: float) -> np.ndarray:
@@ -106,7 +106,8 @@ async def test_scopes_are_apart_and_dropped_whole() -> None:
     found.drop(1)
     assert found.num_words(1) == 0
     assert await found.expand(1, "instrument", embed) == {}
-    assert await WordNeighbours(NeighbourConfig()).expand(1, "instrument", embed) == {}
+    off = NeighbourConfig(num_neighbours=0)
+    assert await WordNeighbours(off).expand(1, "instrument", embed) == {}
 
 
 async def test_related_words_let_bm25_find_a_turn_without_the_asked_word() -> None:

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.cli import configure_logging
 from app.factory import create_app
-from app.observability import SECTIONS, STAGES, ServiceMetrics
+from app.observability.metrics import SECTIONS, STAGES, ServiceMetrics
 from app.settings import Settings
 from retrieval.errors import EngineError, IndexUnavailableError
 from tests.clients import local_client

@@ -18,20 +18,19 @@ import pytest
 from app.factory import create_app
 from app.settings import ChatSettings, FactSettings, KnowledgeSettings, Settings
 from retrieval.facts.model import is_instruction
-from retrieval.protocols import ChatMessage, Engine
-from retrieval.sections import (
+from retrieval.prompt.render import (
     CONTEXT_CLOSE,
     CONTEXT_OPEN,
     KNOWLEDGE_HEADER,
     MEMORY_HEADER,
     SUMMARY_HEADER,
-    RetrievedKnowledge,
-    RetrievedMemory,
     format_knowledge,
     format_memory,
     quote,
     summary_text,
 )
+from retrieval.prompt.report import RetrievedKnowledge, RetrievedMemory
+from retrieval.protocols import ChatMessage, Engine
 from tests.clients import local_client
 from tests.fakes import HashEmbedder
 

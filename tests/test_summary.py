@@ -10,19 +10,15 @@ import pytest
 
 from app.factory import create_app
 from app.settings import ChatSettings, KnowledgeSettings, Settings
-from retrieval.context import ContextAssembler
-from retrieval.facts.service import PinnedFact
+from retrieval.facts.memory import PinnedFact
+from retrieval.prompt.budget import ContextBudget
+from retrieval.prompt.layout import ContextAssembler
+from retrieval.prompt.render import FACTS_HEADER, SUMMARY_HEADER
+from retrieval.prompt.report import RecentTurn
 from retrieval.protocols import WindowTurn
-from retrieval.sections import FACTS_HEADER, SUMMARY_HEADER, ContextBudget, RecentTurn
-from retrieval.smalltalk import is_small_talk
-from retrieval.summary import (
-    Compaction,
-    ExtractiveSummarizer,
-    LlmSummarizer,
-    SummaryState,
-    WindowPolicy,
-    plan_compaction,
-)
+from retrieval.window.compaction import Compaction, SummaryState, WindowPolicy, plan_compaction
+from retrieval.window.smalltalk import is_small_talk
+from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session

@@ -9,7 +9,7 @@ import pytest
 
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
-from retrieval.memory import TurnMemory
+from retrieval.search.memory import TurnMemory
 from storage.db import create_engine, create_sessionmaker
 from storage.models import DEFAULT_TENANT_ID
 from storage.repository import NewMessage, Store
@@ -99,7 +99,8 @@ async def test_reindex_re_embeds_with_the_new_model(store: Store, tmp_path: Path
     other = memory_for(store, tmp_path / "e", HashEmbedder(dimension=32, model_name="other-32"))
     assert await other.reindex_all() == 3
     await other.check_model()
-    assert await store.list_embedding_models() == [("other-32", 32)]
+    # The default dense text: the speaker and windows of eight words.
+    assert await store.list_embedding_models() == [("other-32#speaker+window8", 32)]
     assert await top_ids(other, user_pk, "red car", k=1) == [ids[1]]
 
 

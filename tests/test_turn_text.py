@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from retrieval.turn_text import (
+from retrieval.search.indexed_text import (
     TextRecipe,
     TurnText,
     dense_pieces,

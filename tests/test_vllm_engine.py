@@ -16,12 +16,12 @@ import pytest
 
 from app.factory import create_app
 from app.settings import EngineSettings, Settings, VllmSettings
-from app.vllm_local import SERVED_MODEL
+from app.vllm_server.local import SERVED_MODEL
+from retrieval.engines.routing import Route, current_route
 from retrieval.engines.vllm import VllmEngine, metric_sum
 from retrieval.errors import EngineUnavailableError
+from retrieval.prompt.report import shared_prefix
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
-from retrieval.records import shared_prefix
-from retrieval.routing import Route, current_route
 from tests.clients import local_client
 from tests.fakes import HashEmbedder
 from tests.live import live_server

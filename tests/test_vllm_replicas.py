@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from retrieval.engines.replicas import CircuitBreaker, ReplicaSet, backoff_s
+from retrieval.engines.routing import Route, current_route
 from retrieval.engines.vllm import VllmEngine, metric_sum, tenant_salt
 from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
-from retrieval.routing import Route, current_route
 
 A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
 MESSAGES = [ChatMessage("system", "Be brief."), ChatMessage("user", "hi 你好")]

@@ -21,7 +21,7 @@ import pytest
 
 from app.factory import create_app
 from app.settings import ChatSettings, EngineSettings, Settings, VllmSettings
-from app.vllm_local import SERVED_MODEL
+from app.vllm_server.local import SERVED_MODEL
 from retrieval.engines.vllm import VllmEngine
 from retrieval.protocols import ChatMessage
 from tests.clients import local_client

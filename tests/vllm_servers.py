@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app import vllm_local
+from app.vllm_server import local as vllm_local
 from tests.live import free_port
 
 BLOCK_SIZE = vllm_local.ServerOptions().block_size

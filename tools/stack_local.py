@@ -31,7 +31,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app import vllm_local
+from app.vllm_server import local as vllm_local
 from retrieval.engines.llamacpp import default_model_path
 
 ADMIN_URL = os.environ.get(

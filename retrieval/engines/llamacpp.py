@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrieval.engines.counting import MessageOverhead, prepare, renders, template_markers
+from retrieval.engines.chat_format import MessageOverhead, prepare, renders, template_markers
 from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
 

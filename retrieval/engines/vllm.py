@@ -29,11 +29,11 @@ from typing import Any
 
 import httpx
 
-from retrieval.engines.counting import MessageOverhead, prepare, renders, template_markers
+from retrieval.engines.chat_format import MessageOverhead, prepare, renders, template_markers
 from retrieval.engines.replicas import Replica, ReplicaSet, backoff_s
+from retrieval.engines.routing import current_route
 from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
-from retrieval.routing import current_route
 
 _CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 PROMPTS_CACHED = 256
@@ -45,7 +45,7 @@ class VllmEngine:
         urls: Sequence[str],
         *,
         model: str | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = 60.0,
         connect_timeout_s: float = 3.0,
         tokenize_timeout_s: float = 10.0,
         connect_attempts: int = 3,

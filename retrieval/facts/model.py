@@ -174,7 +174,7 @@ def is_instruction(text: str) -> bool:
     Matched against the text as a reader sees it (see `_plain`), and against it with
     its lines joined, so that spacing, line breaks, invisible characters and look-alike
     letters do not hide a phrase. A filter cannot catch every wording: the prompt
-    itself quotes stored text as data (retrieval.sections), which is what keeps it
+    itself quotes stored text as data (retrieval.prompt.render), which is what keeps it
     from acting as instructions.
     """
     plain = _plain(text)

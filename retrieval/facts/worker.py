@@ -12,7 +12,7 @@ import contextlib
 
 import structlog
 
-from retrieval.facts.service import FactMemory
+from retrieval.facts.memory import FactMemory
 from storage.errors import NotFoundError, StorageError
 
 log = structlog.get_logger(__name__)

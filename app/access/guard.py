@@ -1,0 +1,103 @@
+"""Requests a browser may have been made to send, refused before they reach a route.
+
+A web page the operator opens can make the browser send requests to the service: form
+posts and other "simple" requests go out without asking, carrying the page's cookies.
+In local mode (no keys: every request is an administrator) that is all an attacker
+needs, and the admin page's cookie sessions are exposed the same way. So:
+
+- In local mode the `Host` header must name this machine (`localhost`, a loopback
+  address, the bind address, or a name in `MEMCHAT_ACCESS__LOCAL_HOSTS`): a page on
+  `attacker.example` whose name resolves to 127.0.0.1 (DNS rebinding) is refused.
+- Unsafe methods (POST, PUT, PATCH, DELETE) in local mode, and on the admin page in any
+  mode, are refused when the browser says they come from another site or another origin
+  (`Sec-Fetch-Site: cross-site` or `same-site`, which includes another port of
+  127.0.0.1) or when their `Origin` is not the service's own. Clients that are not
+  browsers send neither header and pass.
+
+Bodies of JSON operations must be sent as JSON (`app.api.requests`), which a page cannot
+do across origins without a CORS preflight that this service never grants; admin forms
+carry a token tied to the session (`app.api.admin_page`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import msgspec
+
+from app.access.keys import AccessGate, is_admin_page, is_loopback
+from app.api.errors import PROBLEM_JSON, problem_body
+
+if TYPE_CHECKING:
+    from litestar.types import ASGIApp, Receive, Scope, Send
+
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CROSS_SITE = frozenset({"cross-site", "same-site"})
+
+
+def host_name(host: str) -> str:
+    """The name or address of a `Host` header value, without its port."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_same_origin(origin: str, host: str) -> bool:
+    """Whether an `Origin` names the host (and port) the request was sent to."""
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and bool(host) and parts.netloc.lower() == host.lower()
+
+
+class RequestGuard:
+    """ASGI wrapper, outside routing, so that unmatched paths are guarded as well."""
+
+    def __init__(self, app: ASGIApp, gate: AccessGate, local_hosts: Collection[str]) -> None:
+        self._app = app
+        self._gate = gate
+        self._local_hosts = frozenset(h.lower() for h in local_hosts)
+
+    def _is_local_host(self, host: str) -> bool:
+        name = host_name(host)
+        return is_loopback(name) or name in self._local_hosts
+
+    def _refusal(self, scope: Scope) -> str | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "")
+        local = self._gate.is_local_mode
+        if local and not self._is_local_host(host):
+            return (
+                f"the Host {host!r} is not this machine: in local mode the service answers "
+                "only requests addressed to localhost or a loopback address"
+            )
+        if scope["method"] not in UNSAFE_METHODS or not (local or is_admin_page(scope["path"])):
+            return None
+        if headers.get("sec-fetch-site") in CROSS_SITE:
+            return "a request from another site or origin is refused"
+        origin = headers.get("origin")
+        if origin is not None and not is_same_origin(origin, host):
+            return f"a request from the origin {origin!r} is refused"
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        reason = self._refusal(scope)
+        if reason is None:
+            await self._app(scope, receive, send)
+            return
+        body = msgspec.json.encode(problem_body(403, reason, scope["path"]))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 403,
+                "headers": [
+                    (b"content-type", PROBLEM_JSON.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

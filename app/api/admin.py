@@ -1,0 +1,304 @@
+"""The admin API under /admin/v1: every tenant's users and what is stored about them.
+
+Only admin keys (or local mode) get here; every change is written to the audit log with
+the key that made it. Users are addressed by their internal id, as one client's user id
+may exist in several tenants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from litestar import Controller, Request, delete, get, patch, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, QueryParameter
+from litestar.status_codes import HTTP_200_OK
+
+from app.access.keys import Principal, admin_only
+from app.admin.actions import audit, correct_fact, erase, remove_fact, session_of_user
+from app.api import admin_schemas as body
+from app.api import schemas
+from app.api.bodies import (
+    admin_message_body,
+    document_body,
+    fact_body,
+    search_result_body,
+    session_body,
+    summary_body,
+    user_body,
+)
+from app.api.problems import problems
+from app.api.requests import strict_body
+from retrieval.chat.service import ChatService
+from retrieval.facts.memory import FactMemory
+from retrieval.knowledge.base import KnowledgeBase
+from retrieval.maintenance import MemoryOperations
+from retrieval.search.memory import TurnMemory
+from retrieval.timeutil import as_utc
+from storage.access import AccessStore
+from storage.facts import STATUSES
+from storage.knowledge import scope_of
+from storage.repository import Store
+from storage.summaries import SummaryStore
+
+UserPk = FromPath[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """What the statistics page says of the running configuration."""
+
+    index_kind: str
+    index_dir: Path
+    embedder: str
+    engine: str
+
+
+def directory_bytes(directory: Path) -> int | None:
+    if not directory.is_dir():
+        return None
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+class AdminController(Controller):
+    path = "/admin/v1"
+    tags = ["admin"]  # noqa: RUF012
+    guards = [admin_only]  # noqa: RUF012
+
+    @get("/tenants", responses=problems(401, 403, 503))
+    async def list_tenants(self, operations: NamedDependency[MemoryOperations]) -> body.TenantList:
+        rows = await operations.store.list_tenants_with_counts()
+        return body.TenantList(
+            tenants=[body.Tenant(t.id, t.name, t.num_users, t.num_keys) for t in rows]
+        )
+
+    @get("/users", responses=problems(401, 403, 404, 422, 503))
+    async def list_users(
+        self,
+        operations: NamedDependency[MemoryOperations],
+        access: NamedDependency[AccessStore],
+        tenant: Annotated[str | None, QueryParameter(min_length=1, max_length=64)] = None,
+    ) -> body.UserList:
+        """Every user, or a tenant's, with the size of their memory."""
+        tenant_id = (await access.get_tenant(tenant)).id if tenant is not None else None
+        rows = await operations.store.list_users_with_counts(tenant_id)
+        return body.UserList(users=[user_body(r) for r in rows])
+
+    @get("/users/{user_pk:int}", responses=problems(401, 403, 404, 503))
+    async def get_user(
+        self,
+        user_pk: UserPk,
+        operations: NamedDependency[MemoryOperations],
+        turn_memory: NamedDependency[TurnMemory],
+    ) -> body.UserDetail:
+        counts = await operations.store.get_user_counts(user_pk)
+        user = counts.user
+        sessions = await operations.store.list_sessions(user.external_id, tenant_id=user.tenant_id)
+        await turn_memory.ensure_scope(user_pk)
+        num_vectors, _num_terms = turn_memory.scope_sizes(user_pk)
+        return body.UserDetail(
+            user=user_body(counts),
+            sessions=[session_body(c, user, n) for c, n in sessions],
+            num_vectors=num_vectors,
+        )
+
+    @get(
+        "/users/{user_pk:int}/sessions/{session_id:str}/messages",
+        responses=problems(401, 403, 404, 422, 503),
+    )
+    async def list_messages(
+        self,
+        user_pk: UserPk,
+        session_id: FromPath[str],
+        store: NamedDependency[Store],
+        after_seq: Annotated[int, QueryParameter(ge=0, le=2**31 - 1)] = 0,
+        limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
+    ) -> body.AdminMessageList:
+        """A conversation with, for each user turn, the context it was sent with."""
+        await session_of_user(store, user_pk, session_id)
+        rows = await store.list_messages(session_id, limit=limit, after_seq=after_seq)
+        return body.AdminMessageList(messages=[admin_message_body(r) for r in rows])
+
+    @get("/users/{user_pk:int}/facts", responses=problems(401, 403, 404, 422, 503))
+    async def list_facts(
+        self,
+        user_pk: UserPk,
+        operations: NamedDependency[MemoryOperations],
+        fact_memory: NamedDependency[FactMemory],
+        status: Annotated[Literal["active", "superseded", "deleted", "all"], QueryParameter()] = (
+            "all"
+        ),
+    ) -> schemas.FactList:
+        """The user's facts with their whole history of changes."""
+        user = await operations.store.get_user_by_pk(user_pk)
+        statuses = STATUSES if status == "all" else (status,)
+        facts, history = await fact_memory.list_facts(user.id, statuses, with_history=True)
+        return schemas.FactList(
+            facts=[fact_body(f, user.external_id, history[f.id]) for f in facts]
+        )
+
+    @get("/users/{user_pk:int}/summaries", responses=problems(401, 403, 404, 503))
+    async def list_summaries(
+        self,
+        user_pk: UserPk,
+        store: NamedDependency[Store],
+        summaries: NamedDependency[SummaryStore],
+    ) -> body.UserSummaries:
+        user = await store.get_user_by_pk(user_pk)
+        sessions = await store.list_sessions(user.external_id, tenant_id=user.tenant_id)
+        found = []
+        for chat, _num in sessions:
+            rows = await summaries.list_summaries(chat.id)
+            found.append(body.SessionSummaries(chat.id, [summary_body(r) for r in rows]))
+        return body.UserSummaries(sessions=found)
+
+    @get("/users/{user_pk:int}/knowledge", responses=problems(401, 403, 404, 503))
+    async def list_knowledge(
+        self, user_pk: UserPk, knowledge: NamedDependency[KnowledgeBase]
+    ) -> schemas.KnowledgeDocumentList:
+        """The user's own documents (their tenant's shared ones are not theirs to erase)."""
+        user = await knowledge.store.get_user_by_pk(user_pk)
+        rows = await knowledge.store.list_documents(scope_of(user.tenant_id, user.id))
+        return schemas.KnowledgeDocumentList(
+            documents=[document_body(d, user.external_id) for d in rows]
+        )
+
+    @post(
+        "/users/{user_pk:int}/search",
+        status_code=HTTP_200_OK,
+        responses=problems(400, 401, 403, 404, 422, 503),
+    )
+    async def search(
+        self,
+        user_pk: UserPk,
+        request: Request[Any, Any, Any],
+        store: NamedDependency[Store],
+        chat_service: NamedDependency[ChatService],
+    ) -> schemas.SearchResponse:
+        """What the user's memory answers to a query, with each hit's score."""
+        data = await strict_body(request, body.AdminSearch)
+        user = await store.get_user_by_pk(user_pk)
+        kinds = data.kinds or ["turn", "fact", "knowledge"]
+        hits = await chat_service.search_all(user, data.query, data.k, None, kinds)
+        return schemas.SearchResponse(results=[search_result_body(h) for h in hits])
+
+    @patch("/facts/{fact_id:int}", responses=problems(400, 401, 403, 404, 422, 503))
+    async def update_fact(
+        self,
+        fact_id: FromPath[int],
+        request: Request[Any, Any, Any],
+        fact_memory: NamedDependency[FactMemory],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> schemas.Fact:
+        """Correct a fact's text, pin or unpin it, or change its priority."""
+        data = await strict_body(request, schemas.FactUpdate)
+        before, user = await fact_memory.store.get_fact(fact_id)
+        fact = await correct_fact(
+            fact_memory,
+            access,
+            principal,
+            before,
+            user,
+            text=data.text,
+            is_pinned=data.pinned,
+            priority=data.priority,
+        )
+        return fact_body(fact, user.external_id)
+
+    @delete("/facts/{fact_id:int}", responses=problems(401, 403, 404, 503))
+    async def delete_fact(
+        self,
+        fact_id: FromPath[int],
+        fact_memory: NamedDependency[FactMemory],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> None:
+        await remove_fact(fact_memory, access, principal, fact_id)
+
+    @delete("/users/{user_pk:int}", status_code=HTTP_200_OK, responses=problems(401, 403, 404, 503))
+    async def erase_user(
+        self,
+        user_pk: UserPk,
+        operations: NamedDependency[MemoryOperations],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> body.Erased:
+        """Erase the user: every row in SQL and every vector, then what was removed."""
+        return await erase(operations, access, principal, user_pk)
+
+    @post(
+        "/users/{user_pk:int}/reindex",
+        status_code=HTTP_200_OK,
+        responses=problems(401, 403, 404, 503),
+    )
+    async def reindex_user(
+        self,
+        user_pk: UserPk,
+        operations: NamedDependency[MemoryOperations],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> body.Reindexed:
+        done = await operations.reindex_user(user_pk)
+        await audit(
+            access,
+            principal,
+            "user.reindex",
+            f"user {user_pk}",
+            num_turns=done.num_turns,
+            num_chunks=done.num_chunks,
+        )
+        return body.Reindexed(done.num_turns, done.num_chunks)
+
+    @post("/reindex", status_code=HTTP_200_OK, responses=problems(401, 403, 503))
+    async def reindex_all(
+        self,
+        operations: NamedDependency[MemoryOperations],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> body.Reindexed:
+        """Re-embed every turn and knowledge chunk (long on big stores; requests wait)."""
+        done = await operations.reindex_all()
+        await audit(
+            access,
+            principal,
+            "reindex.all",
+            "everything",
+            num_turns=done.num_turns,
+            num_chunks=done.num_chunks,
+        )
+        return body.Reindexed(done.num_turns, done.num_chunks)
+
+    @get("/stats", responses=problems(401, 403, 503))
+    async def statistics(
+        self,
+        operations: NamedDependency[MemoryOperations],
+        deployment: NamedDependency[Deployment],
+    ) -> body.Statistics:
+        store = operations.store
+        return body.Statistics(
+            rows=await store.count_rows(),
+            database_bytes=await store.database_bytes(),
+            index_kind=deployment.index_kind,
+            index_bytes=directory_bytes(deployment.index_dir),
+            embedder=deployment.embedder,
+            engine=deployment.engine,
+        )
+
+    @get("/audit", responses=problems(401, 403, 422, 503))
+    async def audit_log(
+        self,
+        access: NamedDependency[AccessStore],
+        limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
+        before_id: Annotated[int | None, QueryParameter(ge=1, le=2**62)] = None,
+    ) -> body.AuditLog:
+        """Admin changes, newest first; page back with `before_id`."""
+        rows = await access.list_audit(limit=limit, before_id=before_id)
+        return body.AuditLog(
+            entries=[
+                body.AuditEntry(e.id, as_utc(e.at), e.actor, e.action, e.target, dict(e.detail))
+                for e in rows
+            ]
+        )

@@ -1,0 +1,351 @@
+"""The admin page at /admin: server-rendered HTML over the same stores as the admin API.
+
+Browsers cannot send an Authorization header on navigation, so signing in opens a
+session whose token travels in an HttpOnly, SameSite=Strict cookie scoped to /admin (see
+app.access.keys); forms post back and redirect (no script is needed). In local mode no
+sign-in is asked.
+
+Every form carries a token tied to the browser's session (in local mode, to a random
+cookie of its own): a page elsewhere cannot read it, so it cannot post a form that is
+taken (`app.access.guard` also refuses posts from other origins). Redirects after a
+form go to paths of this page only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from litestar import Controller, Request, get, post
+from litestar.datastructures import Cookie
+from litestar.di import NamedDependency
+from litestar.enums import RequestEncodingType
+from litestar.exceptions import HTTPException, PermissionDeniedException
+from litestar.params import Body, FromPath, QueryParameter
+from litestar.response import Redirect, Template
+from litestar.status_codes import HTTP_303_SEE_OTHER
+from markupsafe import Markup
+
+from app.access.keys import ADMIN_SESSION_COOKIE, AccessGate, Principal, admin_only
+from app.admin.actions import correct_fact, erase, remove_fact, session_of_user
+from retrieval.chat.service import ChatService
+from retrieval.errors import InvalidInputError
+from retrieval.facts.memory import FactMemory
+from retrieval.maintenance import MemoryOperations
+from storage.access import AccessStore
+from storage.facts import STATUSES
+from storage.repository import Store
+from storage.summaries import SummaryStore
+
+Form = Body(media_type=RequestEncodingType.URL_ENCODED)
+CSRF_COOKIE = "memchat_csrf"
+CSRF_FIELD = "csrf"
+_NEW_CSRF = "memchat_new_csrf_binding"
+
+
+def _back(to: str) -> Redirect:
+    return Redirect(to, status_code=HTTP_303_SEE_OTHER)
+
+
+def safe_back(value: str | None, default: str) -> str:
+    """Where a form returns to: a path of the admin page, never another site."""
+    if not value or "\\" in value or any(ord(c) < 0x20 for c in value):
+        return default
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or value.startswith("//"):
+        return default
+    if parts.path != "/admin" and not parts.path.startswith("/admin/"):
+        return default
+    return value
+
+
+def _cookie(key: str, value: str, request: Request[Any, Any, Any], **extra: Any) -> Cookie:
+    return Cookie(
+        key=key,
+        value=value,
+        path="/admin",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        **extra,
+    )
+
+
+def _csrf_binding(request: Request[Any, Any, Any]) -> str:
+    """The secret a form token is derived from: the session token when signed in with a
+    key, else (local mode) a random cookie of this browser, made on its first page."""
+    principal = request.user
+    if isinstance(principal, Principal) and principal.key_id is not None:
+        return request.cookies.get(ADMIN_SESSION_COOKIE, "")
+    binding = request.cookies.get(CSRF_COOKIE) or request.scope.get("state", {}).get(_NEW_CSRF)
+    if not binding:
+        binding = secrets.token_urlsafe(32)
+        request.scope.setdefault("state", {})[_NEW_CSRF] = binding
+    return str(binding)
+
+
+def csrf_token(request: Request[Any, Any, Any]) -> str:
+    binding = _csrf_binding(request)
+    return hmac.new(binding.encode(), b"memchat admin form", hashlib.sha256).hexdigest()
+
+
+def form_token_field(context: Mapping[str, Any]) -> Markup:
+    """`{{ form_token_field() }}` in a template: the hidden field every form must carry."""
+    token = csrf_token(context["request"])
+    return Markup(f'<input type="hidden" name="{CSRF_FIELD}" value="{token}">')
+
+
+def check_csrf(request: Request[Any, Any, Any], data: Mapping[str, str]) -> None:
+    sent = data.get(CSRF_FIELD, "")
+    has_binding = request.cookies.get(ADMIN_SESSION_COOKIE) or request.cookies.get(CSRF_COOKIE)
+    if not has_binding or not hmac.compare_digest(sent, csrf_token(request)):
+        raise PermissionDeniedException(
+            "the form's token is missing or does not match this browser's session; "
+            "reload the page and send the form again"
+        )
+
+
+def page(
+    request: Request[Any, Any, Any], name: str, context: dict[str, Any], status_code: int = 200
+) -> Template:
+    """A page whose forms carry this browser's token; in local mode a browser seen for
+    the first time gets its form binding cookie with it."""
+    _csrf_binding(request)
+    binding = request.scope.get("state", {}).get(_NEW_CSRF)
+    cookies = [_cookie(CSRF_COOKIE, binding, request)] if binding else []
+    return Template(f"admin/{name}.html", context=context, status_code=status_code, cookies=cookies)
+
+
+class AdminLoginController(Controller):
+    """Signing in and out: public, so that a browser without a key can reach the form."""
+
+    path = "/admin"
+    include_in_schema = False
+
+    @get("/login")
+    async def login_form(self) -> Template:
+        return Template("admin/login.html", context={"error": None})
+
+    @post("/login", status_code=HTTP_303_SEE_OTHER)
+    async def login(
+        self, request: Request[Any, Any, Any], data: Annotated[dict[str, str], Form]
+    ) -> Redirect | Template:
+        gate: AccessGate = request.app.state.access_gate
+        if gate.is_local_mode:
+            return _back("/admin")
+        secret = (data.get("key") or "").strip()
+        token = None
+        if secret:
+            try:
+                _principal, token = await gate.sign_in(secret, _session_ttl_s(request))
+            except HTTPException:  # any refusal is the same answer to a browser
+                token = None
+        if token is None:
+            return Template(
+                "admin/login.html",
+                context={"error": "This is not an active admin key."},
+                status_code=401,
+            )
+        redirect = _back("/admin")
+        redirect.cookies.append(_cookie(ADMIN_SESSION_COOKIE, token, request))
+        return redirect
+
+    @post("/logout", status_code=HTTP_303_SEE_OTHER)
+    async def logout(
+        self, request: Request[Any, Any, Any], data: Annotated[dict[str, str], Form]
+    ) -> Redirect:
+        gate: AccessGate = request.app.state.access_gate
+        token = request.cookies.get(ADMIN_SESSION_COOKIE)
+        if token:
+            # The form's token is tied to the session it ends.
+            binding = hmac.new(token.encode(), b"memchat admin form", hashlib.sha256)
+            if hmac.compare_digest(data.get(CSRF_FIELD, ""), binding.hexdigest()):
+                await gate.sign_out(token)
+        redirect = _back("/admin/login")
+        redirect.cookies.append(_cookie(ADMIN_SESSION_COOKIE, "", request, max_age=0))
+        return redirect
+
+
+def _session_ttl_s(request: Request[Any, Any, Any]) -> float:
+    return float(request.app.state.admin_session_ttl_s)
+
+
+class AdminPageController(Controller):
+    path = "/admin"
+    guards = [admin_only]  # noqa: RUF012
+    include_in_schema = False
+
+    @get("/")
+    async def home(
+        self,
+        request: Request[Any, Any, Any],
+        operations: NamedDependency[MemoryOperations],
+        principal: NamedDependency[Principal],
+        tenant: Annotated[str | None, QueryParameter(max_length=64)] = None,
+    ) -> Template:
+        store = operations.store
+        tenants = await store.list_tenants_with_counts()
+        chosen = next((t for t in tenants if t.name == tenant), None)
+        users = await store.list_users_with_counts(chosen.id if chosen else None)
+        return page(
+            request,
+            "home",
+            {
+                "principal": principal,
+                "tenants": tenants,
+                "tenant": chosen,
+                "users": users,
+                "rows": await store.count_rows(),
+                "database_bytes": await store.database_bytes(),
+            },
+        )
+
+    @get("/users/{user_pk:int}")
+    async def user(
+        self,
+        request: Request[Any, Any, Any],
+        user_pk: FromPath[int],
+        operations: NamedDependency[MemoryOperations],
+        fact_memory: NamedDependency[FactMemory],
+        chat_service: NamedDependency[ChatService],
+        principal: NamedDependency[Principal],
+        q: Annotated[str | None, QueryParameter(max_length=2000)] = None,
+    ) -> Template:
+        counts = await operations.store.get_user_counts(user_pk)
+        user = counts.user
+        sessions = await operations.store.list_sessions(user.external_id, tenant_id=user.tenant_id)
+        facts, history = await fact_memory.list_facts(user.id, STATUSES, with_history=True)
+        hits = []
+        if q and q.strip():
+            kinds = ["turn", "fact", "knowledge"]
+            hits = await chat_service.search_all(user, q, 10, None, kinds)
+        return page(
+            request,
+            "user",
+            {
+                "principal": principal,
+                "counts": counts,
+                "user": user,
+                "sessions": sessions,
+                "facts": facts,
+                "history": history,
+                "query": q or "",
+                "hits": hits,
+            },
+        )
+
+    @get("/users/{user_pk:int}/sessions/{session_id:str}")
+    async def conversation(
+        self,
+        request: Request[Any, Any, Any],
+        user_pk: FromPath[int],
+        session_id: FromPath[str],
+        store: NamedDependency[Store],
+        fact_memory: NamedDependency[FactMemory],
+        summaries: NamedDependency[SummaryStore],
+        principal: NamedDependency[Principal],
+    ) -> Template:
+        """A conversation beside the facts and summaries derived from it; each user turn
+        shows the memories, knowledge and facts it was sent with."""
+        chat, user = await session_of_user(store, user_pk, session_id)
+        messages = await store.list_messages(session_id, limit=10_000, after_seq=0)
+        memory_ids = {i for m in messages for i in (m.context_note_ids or [])}
+        memories = {m.id: m for m in await store.list_messages_by_id(user.id, sorted(memory_ids))}
+        message_ids = {m.id for m in messages}
+        facts, history = await fact_memory.list_facts(user.id, STATUSES, with_history=True)
+        derived = [f for f in facts if message_ids & set(f.source_message_ids or [])]
+        return page(
+            request,
+            "conversation",
+            {
+                "principal": principal,
+                "user": user,
+                "chat": chat,
+                "messages": messages,
+                "memories": memories,
+                "facts": derived,
+                "history": history,
+                "summaries": await summaries.list_summaries(session_id),
+            },
+        )
+
+    @get("/audit")
+    async def audit_log(
+        self,
+        request: Request[Any, Any, Any],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> Template:
+        entries = await access.list_audit(limit=200)
+        return page(request, "audit", {"principal": principal, "entries": entries})
+
+    @post("/facts/{fact_id:int}/edit", status_code=HTTP_303_SEE_OTHER)
+    async def edit_fact(
+        self,
+        request: Request[Any, Any, Any],
+        fact_id: FromPath[int],
+        data: Annotated[dict[str, str], Form],
+        fact_memory: NamedDependency[FactMemory],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> Redirect:
+        check_csrf(request, data)
+        before, user = await fact_memory.store.get_fact(fact_id)
+        text = data.get("text")
+        priority = _priority(data.get("priority"))
+        pinned = {"pin": True, "unpin": False}.get(data.get("action", ""))
+        await correct_fact(
+            fact_memory,
+            access,
+            principal,
+            before,
+            user,
+            text=text if text and text != before.text else None,
+            is_pinned=pinned,
+            priority=priority,
+        )
+        return _back(safe_back(data.get("back"), f"/admin/users/{user.id}"))
+
+    @post("/facts/{fact_id:int}/delete", status_code=HTTP_303_SEE_OTHER)
+    async def delete_fact(
+        self,
+        request: Request[Any, Any, Any],
+        fact_id: FromPath[int],
+        data: Annotated[dict[str, str], Form],
+        fact_memory: NamedDependency[FactMemory],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> Redirect:
+        check_csrf(request, data)
+        user = await remove_fact(fact_memory, access, principal, fact_id)
+        return _back(safe_back(data.get("back"), f"/admin/users/{user.id}"))
+
+    @post("/users/{user_pk:int}/erase", status_code=HTTP_303_SEE_OTHER)
+    async def erase_user(
+        self,
+        request: Request[Any, Any, Any],
+        user_pk: FromPath[int],
+        data: Annotated[dict[str, str], Form],
+        operations: NamedDependency[MemoryOperations],
+        access: NamedDependency[AccessStore],
+        principal: NamedDependency[Principal],
+    ) -> Redirect:
+        check_csrf(request, data)
+        await erase(operations, access, principal, user_pk)
+        return _back("/admin")
+
+
+def _priority(value: str | None) -> int | None:
+    if value is None or not value.strip():
+        return None
+    try:
+        priority = int(value)
+    except ValueError as exc:
+        raise InvalidInputError("priority", "a whole number from -1000 to 1000") from exc
+    if not -1000 <= priority <= 1000:
+        raise InvalidInputError("priority", "a whole number from -1000 to 1000")
+    return priority

@@ -1,0 +1,107 @@
+"""Bodies of the admin API (`/admin/v1`): operators see across tenants, by internal ids."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any
+
+from msgspec import Meta, Struct
+
+from app.api import schemas
+
+
+class Tenant(Struct):
+    id: int
+    name: str
+    num_users: int
+    num_active_keys: int
+
+
+class TenantList(Struct):
+    tenants: list[Tenant]
+
+
+class User(Struct):
+    id: Annotated[int, Meta(description="internal id: the admin API addresses users by it")]
+    tenant: str
+    user_id: Annotated[str, Meta(description="the client's own id, unique within the tenant")]
+    created_at: dt.datetime
+    num_sessions: int
+    num_messages: int
+    num_active_facts: int
+    num_documents: int
+
+
+class UserList(Struct):
+    users: list[User]
+
+
+class UserDetail(Struct):
+    user: User
+    sessions: list[schemas.Session]
+    num_vectors: Annotated[int, Meta(description="turn vectors in the loaded index scope")]
+
+
+class AdminMessage(Struct):
+    message: schemas.Message
+    context_note: Annotated[
+        list[str],
+        Meta(description="the retrieved context this turn was sent with, as sent"),
+    ]
+    memory_ids: Annotated[list[int], Meta(description="past turns shown to this turn")]
+    fact_ids: Annotated[list[int], Meta(description="facts shown to this turn")]
+
+
+class AdminMessageList(Struct):
+    messages: list[AdminMessage]
+
+
+class SessionSummaries(Struct):
+    session_id: str
+    summaries: list[schemas.Summary]
+
+
+class UserSummaries(Struct):
+    sessions: list[SessionSummaries]
+
+
+class AdminSearch(Struct, forbid_unknown_fields=True):
+    query: str
+    k: Annotated[int, Meta(ge=1, le=100)] = 10
+    kinds: list[schemas.Kind] | None = None
+
+
+class Erased(Struct):
+    user_id: str
+    tenant_id: int
+    removed: Annotated[dict[str, int], Meta(description="rows removed, per table")]
+    vectors_removed: Annotated[
+        list[str], Meta(description="the vector scopes dropped (turns, own knowledge)")
+    ]
+
+
+class Reindexed(Struct):
+    num_turns: int
+    num_chunks: int
+
+
+class Statistics(Struct):
+    rows: dict[str, int]
+    database_bytes: int | None
+    index_kind: str
+    index_bytes: Annotated[int | None, Meta(description="FAISS files on disk")]
+    embedder: str
+    engine: str
+
+
+class AuditEntry(Struct):
+    id: int
+    at: dt.datetime
+    actor: str
+    action: str
+    target: str
+    detail: dict[str, Any]
+
+
+class AuditLog(Struct):
+    entries: list[AuditEntry]

@@ -1,0 +1,98 @@
+"""Liveness and readiness probes."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+from litestar import Response, get
+from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
+
+from app.api import schemas
+from retrieval.errors import IndexUnavailableError
+from retrieval.protocols import MonitoredEngine
+from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
+
+
+@get("/healthz", tags=["health"], sync_to_thread=False)
+def healthz() -> schemas.Health:
+    """The process is up; answers even while the engine is generating."""
+    return schemas.Health(status="ok")
+
+
+async def _database(runtime: Runtime) -> str:
+    """The database answers and takes a write (a full disk fails only writes)."""
+    try:
+        await runtime.store.ping()
+        await runtime.store.check_writable()
+    except StorageError as exc:
+        return f"error: {exc}"
+    return "ok"
+
+
+def _disk(directory: Path, min_free_bytes: int) -> str:
+    """Free space where SQLite and the index files live, against the configured floor."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    mib = free // (1024 * 1024)
+    if free < min_free_bytes:
+        return (
+            f"error: {mib} MiB free for {directory}, below MEMCHAT_MIN_FREE_DISK_BYTES "
+            f"({min_free_bytes // (1024 * 1024)} MiB)"
+        )
+    return f"ok ({mib} MiB free)"
+
+
+async def _index(ping: Callable[[], None]) -> str:
+    """A vector index's store answers (Chroma: a heartbeat; FAISS is in process)."""
+    try:
+        await anyio.to_thread.run_sync(ping)
+    except IndexUnavailableError as exc:
+        return f"error: {exc}"
+    return "ok"
+
+
+async def dependency_checks(runtime: Runtime) -> dict[str, str]:
+    """Each dependency's state: "ok", a model name (loaded), or "error: ..."."""
+    checks = {
+        "database": await _database(runtime),
+        "disk": _disk(runtime.data_dir, runtime.min_free_disk_bytes),
+        "embedder": runtime.embedder.model_name,
+        "engine": runtime.engine.model_name,
+        "index": await _index(runtime.memory.ping_index),
+    }
+    if runtime.knowledge is not None:
+        checks["knowledge_index"] = await _index(runtime.knowledge.ping_index)
+    if isinstance(runtime.engine, MonitoredEngine):
+        # An engine behind a network hop: "ok (n/m replicas)" or "error: ...".
+        checks["engine_health"] = await runtime.engine.check_health()
+    return checks
+
+
+@get(
+    "/readyz",
+    tags=["health"],
+    responses={503: ResponseSpec(data_container=schemas.Health, description="Not ready.")},
+)
+async def readyz(state: State) -> Response[schemas.Health]:
+    """Ready while no dependency reports an error: `database` (a read and a write),
+    `disk` (free space for the data dir), `index` (the turn index), `knowledge_index`,
+    and `engine_health` for an engine behind a network hop;
+    `embedder` and `engine` name the loaded models."""
+    runtime = state.get("runtime")
+    if runtime is None:
+        return Response(schemas.Health("starting", {"runtime": "not started"}), status_code=503)
+    checks = await dependency_checks(runtime)
+    ready = not any(value.startswith("error: ") for value in checks.values())
+    return Response(
+        schemas.Health("ready" if ready else "not ready", checks), status_code=200 if ready else 503
+    )

@@ -1,0 +1,163 @@
+"""Export and import one user's whole memory as JSON Lines.
+
+Line 1 is a header; then each session, followed by its messages in order. Message ids
+are not exported (a target store numbers its own); session ids, sequence numbers, times,
+external ids and token counts are, so an export, import and export again gives the same
+bytes. Vectors are derived: import re-embeds with the target's model. Facts, summaries
+and knowledge join the format when the service stores them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
+
+import msgspec
+
+from retrieval.search.memory import TurnMemory
+from retrieval.timeutil import as_utc
+from storage.models import ChatSession
+from storage.repository import RestoredMessage, Store
+
+FORMAT = "memchat-export"
+VERSION = 1
+
+
+class Header(msgspec.Struct, tag="header", forbid_unknown_fields=True):
+    format: str
+    version: int
+    user_id: str
+
+
+class SessionRecord(msgspec.Struct, tag="session", forbid_unknown_fields=True):
+    id: str
+    title: str | None
+    metadata: dict[str, Any]
+    created_at: dt.datetime
+
+
+class MessageRecord(msgspec.Struct, tag="message", forbid_unknown_fields=True, omit_defaults=True):
+    session_id: str
+    seq: int
+    role: Literal["user", "assistant", "system"]
+    name: str | None
+    content: str
+    created_at: dt.datetime
+    external_id: str | None
+    token_count: int
+    # Only written when set, so exports without captions read as before.
+    image_caption: str | None = None
+
+
+Record = Header | SessionRecord | MessageRecord
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Record)
+
+
+class BackupFormatError(ValueError):
+    """An import file that is not a memchat export."""
+
+
+async def export_user(store: Store, user_id: str, tenant_id: int) -> Iterator[bytes]:
+    """The user's memory as JSON lines (each ending with a newline)."""
+    sessions = await store.list_user_sessions(user_id, tenant_id=tenant_id)
+    lines = [_encoder.encode(Header(FORMAT, VERSION, user_id))]
+    for chat, messages in sessions:
+        lines.append(
+            _encoder.encode(
+                SessionRecord(
+                    chat.id, chat.title, chat.metadata_json or {}, as_utc(chat.created_at)
+                )
+            )
+        )
+        lines.extend(
+            _encoder.encode(
+                MessageRecord(
+                    session_id=m.session_id,
+                    seq=m.seq,
+                    role=m.role,  # type: ignore[arg-type]
+                    name=m.name,
+                    content=m.content,
+                    created_at=as_utc(m.created_at),
+                    external_id=m.external_id,
+                    token_count=m.token_count,
+                    image_caption=m.image_caption,
+                )
+            )
+            for m in messages
+        )
+    return (line + b"\n" for line in lines)
+
+
+def parse_export(
+    lines: Iterable[bytes],
+) -> tuple[str, list[tuple[SessionRecord, list[MessageRecord]]]]:
+    records = [_decode(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if not records or not isinstance(records[0], Header) or records[0].format != FORMAT:
+        raise BackupFormatError("not a memchat export: the first line must be its header")
+    if records[0].version != VERSION:
+        raise BackupFormatError(f"export version {records[0].version} is not supported")
+    sessions: list[tuple[SessionRecord, list[MessageRecord]]] = []
+    for record in records[1:]:
+        if isinstance(record, SessionRecord):
+            sessions.append((record, []))
+        elif (
+            isinstance(record, MessageRecord)
+            and sessions
+            and record.session_id == sessions[-1][0].id
+        ):
+            sessions[-1][1].append(record)
+        else:
+            raise BackupFormatError("a message must follow its own session's line")
+    return records[0].user_id, sessions
+
+
+def _decode(number: int, line: bytes) -> Record:
+    try:
+        return _decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise BackupFormatError(f"line {number}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise BackupFormatError(f"line {number}: not JSON: {exc}") from exc
+
+
+async def import_user(
+    store: Store, memory: TurnMemory, lines: Iterable[bytes], tenant_id: int
+) -> tuple[int, int, int]:
+    """Restore an export; returns (sessions restored, messages restored, sessions skipped)."""
+    user_id, sessions = parse_export(lines)
+    num_sessions = num_messages = num_skipped = 0
+    for record, messages in sessions:
+        chat = ChatSession(
+            id=record.id,
+            title=record.title,
+            metadata_json=record.metadata,
+            created_at=record.created_at,
+        )
+        restored = await store.restore_session(
+            user_id,
+            chat,
+            [
+                RestoredMessage(
+                    seq=m.seq,
+                    role=m.role,
+                    content=m.content,
+                    created_at=m.created_at,
+                    token_count=m.token_count,
+                    name=m.name,
+                    external_id=m.external_id,
+                    image_caption=m.image_caption,
+                )
+                for m in messages
+            ],
+            tenant_id=tenant_id,
+        )
+        if restored is None:
+            num_skipped += 1
+            continue
+        await memory.index_messages(restored)
+        num_sessions += 1
+        num_messages += len(restored)
+    memory.save()
+    return num_sessions, num_messages, num_skipped

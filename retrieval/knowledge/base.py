@@ -1,0 +1,365 @@
+"""The knowledge base: documents chunked and embedded, chunks in SQL, vectors in an index.
+
+SQL is the source of truth: a document's text and its chunks are stored before their
+vectors are added, so the index (Chroma by default) can always be rebuilt from SQL. Index
+scopes (`storage.knowledge.scope_of`): minus a tenant's id holds the knowledge shared by
+that tenant's users, a user's pk (>= 1) that user's own documents; a search for a user
+reads their tenant's shared scope and their own, and nothing else. Like the turn index,
+a scope is reconciled with SQL when this process first uses it (missing chunks
+re-embedded, stray vectors removed), so a lost Chroma directory heals itself; `rebuild`
+redoes every scope.
+
+A document is `processing` until all its chunks are stored and indexed, then `ready`, or
+`failed` with a reason. Small documents are processed before the upload is answered;
+larger ones in the background, a batch of chunks at a time (`num_chunks_indexed` shows
+the progress). Documents still `processing` at start (the process stopped) are resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import structlog
+
+from retrieval.errors import DocumentTooLargeError, InvalidInputError, RetrievalError
+from retrieval.knowledge.chunking import Chunk, Chunker
+from retrieval.prompt.report import RetrievedKnowledge
+from retrieval.protocols import Embedder, ScoredId, VectorIndex
+from retrieval.text import is_blank
+from storage.errors import NotFoundError, StorageError
+from storage.knowledge import (
+    FAILED,
+    PROCESSING,
+    READY,
+    KnowledgeStore,
+    NewChunk,
+    NewDocument,
+    StoredChunk,
+    scope_of,
+)
+from storage.models import KnowledgeDocument
+
+log = structlog.get_logger(__name__)
+
+MARKDOWN_SOURCES = frozenset({"text", "md"})
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeConfig:
+    chunk_tokens: int = 160
+    overlap_tokens: int = 32
+    embed_batch_size: int = 64
+    max_document_chars: int = 2_000_000
+    # Documents of at most this many chunks are ready when the upload is answered.
+    inline_chunks: int = 64
+    max_upload_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    tenant_id: int
+    user_id: str | None
+    title: str
+    text: str
+    metadata: dict[str, Any]
+    source: str
+    filename: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeHit:
+    chunk: StoredChunk
+    score: float
+
+    def retrieved(self) -> RetrievedKnowledge:
+        """As the context assembler takes it."""
+        return RetrievedKnowledge(
+            chunk_id=self.chunk.id,
+            document_id=self.chunk.document_id,
+            title=self.chunk.title,
+            heading_path=self.chunk.heading_path,
+            text=self.chunk.text,
+            score=self.score,
+        )
+
+
+# Blank as the API documents it (JSON Schema's `\s`), so that documented-valid text is taken.
+BLANK = (
+    "\t\n\v\f\r \u00a0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
+    + ("\u2028\u2029\u202f\u205f\u3000\ufeff")
+)
+
+
+def normalise(text: str) -> str:
+    """Line endings unified and outer blank space dropped: the form that is stored and hashed."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").strip(BLANK)
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def embedding_text(chunk: StoredChunk | Chunk, title: str) -> str:
+    """What is embedded: the chunk with its title and heading path, which carry its topic."""
+    return "\n".join(part for part in (title, chunk.heading_path, chunk.text) if part)
+
+
+class KnowledgeBase:
+    def __init__(
+        self,
+        store: KnowledgeStore,
+        embedder: Embedder,
+        index: VectorIndex,
+        config: KnowledgeConfig,
+    ) -> None:
+        self._store = store
+        self._embedder = embedder
+        self._index = index
+        self._config = config
+        self._chunker = Chunker(config.chunk_tokens, config.overlap_tokens)
+        self._scope_locks: dict[int, asyncio.Lock] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def store(self) -> KnowledgeStore:
+        return self._store
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self._config.max_upload_bytes
+
+    # Documents ------------------------------------------------------------------------
+
+    async def add(self, upload: Upload) -> tuple[KnowledgeDocument, str | None, bool]:
+        """Store a document (or find the same content in the same scope) and process it.
+
+        Returns (document, owner's user id, created). A document whose processing failed
+        before is processed again; one being processed is left to finish.
+        """
+        text = normalise(upload.text)
+        if is_blank(text):
+            raise InvalidInputError("text", "the document has no text")
+        if len(text) > self._config.max_document_chars:
+            raise DocumentTooLargeError(
+                "text",
+                f"the document has {len(text)} characters; the limit is "
+                f"{self._config.max_document_chars}",
+            )
+        document, owner, created = await self._store.add_document(
+            NewDocument(
+                tenant_id=upload.tenant_id,
+                user_external_id=upload.user_id,
+                title=upload.title,
+                metadata=upload.metadata,
+                source=upload.source,
+                filename=upload.filename,
+                content=text,
+                content_hash=content_hash(text),
+            )
+        )
+        if created or (document.status == FAILED and document.id not in self._tasks):
+            chunks = self._split(document)
+            if len(chunks) > self._config.inline_chunks:
+                # The answer shows the state before any batch: `processing`, 0 indexed.
+                await self._store.start_processing(document.id, len(chunks))
+                document, owner = await self._store.get_document(document.id)
+                self._spawn(document.id)
+                return document, owner, created
+            await self._process(document, chunks)
+        document, owner = await self._store.get_document(document.id)
+        return document, owner, created
+
+    def _split(self, document: KnowledgeDocument) -> list[Chunk]:
+        return self._chunker.split(document.content, markdown=document.source in MARKDOWN_SOURCES)
+
+    def _spawn(self, document_id: str) -> None:
+        task = asyncio.create_task(self._process_in_background(document_id))
+        self._tasks[document_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(document_id, None))
+
+    async def _process_in_background(self, document_id: str) -> None:
+        try:
+            document, _owner = await self._store.get_document(document_id)
+            await self._process(document, await asyncio.to_thread(self._split, document))
+        except NotFoundError:
+            return  # deleted meanwhile
+        except (RetrievalError, StorageError):
+            return  # recorded as the document's failure by _process
+        except Exception:  # the boundary of a background task: record, never hang
+            log.exception("knowledge_processing_crashed", document_id=document_id)
+            await self._store.finish_document(document_id, FAILED, "internal error")
+
+    async def _process(self, document: KnowledgeDocument, chunks: Sequence[Chunk]) -> None:
+        """Chunks to SQL and their vectors to the index, a batch at a time, then `ready`.
+
+        A failure marks the document `failed` with the reason and is raised again.
+        """
+        if not chunks:
+            await self._store.finish_document(
+                document.id, FAILED, "the document has no text besides headings"
+            )
+            return
+        scope = scope_of(document.tenant_id, document.user_pk)
+        try:
+            await self._ensure_scope(scope)
+            stale = await self._store.start_processing(document.id, len(chunks))
+            await asyncio.to_thread(self._index.remove, scope, stale)
+            batch_size = self._config.embed_batch_size
+            for start in range(0, len(chunks), batch_size):
+                batch = chunks[start : start + batch_size]
+                vectors = await self._embed([embedding_text(c, document.title) for c in batch])
+                ids = await self._store.add_chunks(
+                    document.id,
+                    [NewChunk(c.ordinal, c.text, c.token_count, c.heading_path) for c in batch],
+                )
+                await asyncio.to_thread(self._index.add, scope, ids, vectors)
+            await self._store.finish_document(document.id, READY, None)
+        except NotFoundError:
+            raise
+        except (RetrievalError, StorageError) as exc:
+            log.warning("knowledge_processing_failed", document_id=document.id, error=str(exc))
+            await self._store.finish_document(document.id, FAILED, str(exc))
+            raise
+
+    async def resume_unfinished(self) -> int:
+        """Process again, in the background, documents a stopped process left `processing`."""
+        ids = await self._store.list_document_ids_in_status(PROCESSING)
+        for document_id in ids:
+            if document_id not in self._tasks:
+                self._spawn(document_id)
+        return len(ids)
+
+    async def wait_idle(self) -> None:
+        """Wait for background processing to finish (tests, benchmarks, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    async def delete(self, document_id: str) -> None:
+        """Remove a document's rows, then its vectors (a stray vector is never shown)."""
+        task = self._tasks.get(document_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        scope, chunk_ids = await self._store.delete_document(document_id)
+        if chunk_ids:
+            await self._ensure_scope(scope)
+            await asyncio.to_thread(self._index.remove, scope, chunk_ids)
+
+    async def close(self) -> None:
+        """Stop background work; unfinished documents stay `processing` and resume at start."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # Retrieval ------------------------------------------------------------------------
+
+    def num_vectors(self) -> int:
+        """Chunk vectors in the open scopes of the index (blocking: call from a thread)."""
+        return self._index.num_vectors()
+
+    def ping_index(self) -> None:
+        """Reach the knowledge index's store (blocking); raises IndexUnavailableError."""
+        self._index.ping()
+
+    async def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        return await asyncio.to_thread(self._embedder.embed, list(texts))
+
+    async def search(
+        self, tenant_id: int, user_pk: int | None, vector: np.ndarray, k: int
+    ) -> list[KnowledgeHit]:
+        """The best `k` chunks of ready documents, the tenant's shared ones or the user's
+        own, best first."""
+        if k <= 0:
+            return []
+        wanted = [scope_of(tenant_id, None)]
+        if user_pk is not None:
+            wanted.append(scope_of(tenant_id, user_pk))
+        scopes = await self._searchable(wanted)
+        if not scopes:
+            return []
+        hits = await asyncio.to_thread(self._search, scopes, vector, k)
+        rows = await self._store.list_ready_chunks_by_id(scopes, [h.id for h in hits])
+        by_id = {row.id: row for row in rows}
+        return [KnowledgeHit(by_id[h.id], h.score) for h in hits if h.id in by_id][:k]
+
+    def _search(self, scopes: Sequence[int], vector: np.ndarray, k: int) -> list[ScoredId]:
+        hits = [hit for scope in scopes for hit in self._index.search(scope, vector, k)]
+        return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
+
+    async def _searchable(self, scopes: list[int]) -> list[int]:
+        """The scopes that have documents, loaded for search.
+
+        A scope without documents is not opened (users without knowledge never touch the
+        vector store) and is checked again next time, with one query for all of them, as
+        another process sharing the database and Chroma server may add documents to it.
+        """
+        unloaded = [s for s in scopes if not self._index.is_loaded(s)]
+        if unloaded:
+            with_documents = await self._store.list_scopes_with_documents(unloaded)
+            for scope in unloaded:
+                if scope in with_documents:
+                    await self._ensure_scope(scope)
+        return [s for s in scopes if self._index.is_loaded(s)]
+
+    async def _ensure_scope(self, scope: int) -> None:
+        """Load a scope and reconcile it with SQL, once per process."""
+        if self._index.is_loaded(scope):
+            return
+        lock = self._scope_locks.setdefault(scope, asyncio.Lock())
+        async with lock:
+            if self._index.is_loaded(scope):
+                return
+            sql_ids = await self._store.list_chunk_ids(scope)
+            result = await asyncio.to_thread(self._index.load, scope)
+            extra = result.ids - sql_ids
+            missing = sql_ids - result.ids
+            await asyncio.to_thread(self._index.remove, scope, extra)
+            await self._index_chunks(missing)
+            if result.status != "loaded" or extra or missing:
+                log.info(
+                    "knowledge_scope_reconciled",
+                    scope=scope,
+                    status=result.status,
+                    num_added=len(missing),
+                    num_removed=len(extra),
+                )
+
+    async def _index_chunks(self, ids: Collection[int] | None) -> int:
+        """Embed stored chunks (those in `ids`, or all) and add them to their scopes."""
+        if ids is not None and not ids:
+            return 0
+        num_chunks = 0
+        after_id = 0
+        batch_size = self._config.embed_batch_size
+        while rows := await self._store.list_chunks_after_id(after_id, batch_size, ids):
+            vectors = await self._embed([embedding_text(row, row.title) for row in rows])
+            for scope in sorted({row.scope for row in rows}):
+                positions = [i for i, row in enumerate(rows) if row.scope == scope]
+                chosen = [rows[i].id for i in positions]
+                await asyncio.to_thread(self._index.add, scope, chosen, vectors[positions])
+            num_chunks += len(rows)
+            after_id = rows[-1].id
+        return num_chunks
+
+    async def drop_scope(self, scope: int) -> None:
+        """Forget a scope's vectors entirely (its rows are already gone)."""
+        async with self._scope_locks.setdefault(scope, asyncio.Lock()):
+            await asyncio.to_thread(self._index.drop, scope)
+
+    async def reindex_scope(self, scope: int) -> int:
+        """Re-embed a scope's chunks from SQL into a fresh scope; returns how many."""
+        await self.drop_scope(scope)
+        await self._ensure_scope(scope)
+        return len(await asyncio.to_thread(self._index.list_ids, scope))
+
+    async def rebuild(self) -> int:
+        """Drop every knowledge vector and re-embed every stored chunk (`memchat reindex`)."""
+        await asyncio.to_thread(self._index.drop_all)
+        return await self._index_chunks(None)

@@ -1,0 +1,66 @@
+"""How much SQL one steady-state chat turn costs: statements counted with SQLAlchemy's
+cursor events while the turn runs, on SQLite and PostgreSQL.
+
+The turn is the sixth of a session whose user has an older session (memories to
+retrieve) and pinned facts, with knowledge off (no documents) and fact extraction off
+(it runs after the turn, off its path; the one deviation from the default settings,
+so that only the turn's own statements are counted).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import event
+
+from app.factory import create_app
+from app.settings import FactSettings, Settings
+from tests.clients import local_client
+from tests.fakes import HashEmbedder, ScriptedEngine
+
+# Reads: the session with its user, the window with its summary, the pinned facts, the
+# retrieved turns. Writes: the message, its context note, its vector; the reply and its
+# vector. Each may be a statement of its own; no row is read twice.
+MAX_STATEMENTS = 16
+
+
+@contextmanager
+def counting(engine) -> Iterator[Counter[str]]:
+    counts: Counter[str] = Counter()
+
+    def count(_conn, _cursor, statement: str, *_args: object) -> None:
+        counts[statement.split(None, 1)[0].upper()] += 1
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        yield counts
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+
+
+async def test_a_steady_state_turn_runs_few_statements(settings: Settings) -> None:
+    quiet = settings.model_copy(update={"facts": FactSettings(extractor="none")})
+    app = create_app(quiet, embedder=HashEmbedder(), engine=ScriptedEngine(["Noted, thanks."]))
+    async with local_client(app) as client:
+        old = (await client.post("/v1/sessions", json={"user_id": "alice"})).json()
+        history = [
+            {"role": "user", "content": f"I like hiking trail number {i}"} for i in range(60)
+        ]
+        await client.post(f"/v1/sessions/{old['id']}/history", json={"messages": history})
+        for text in ("I am allergic to peanuts.", "I live in Lyon."):
+            await client.post("/v1/users/alice/facts", json={"text": text, "pinned": True})
+        session = (await client.post("/v1/sessions", json={"user_id": "alice"})).json()
+        path = f"/v1/sessions/{session['id']}/messages"
+        for i in range(5):
+            assert (
+                await client.post(path, json={"content": f"Tell me about trail {i}"})
+            ).is_success
+        with counting(app.state.runtime.db_engine) as counts:
+            response = await client.post(path, json={"content": "Which trail did I like?"})
+        assert response.status_code == 200, response.text
+        assert response.json()["context"]["memories"]
+    total = sum(counts[k] for k in counts if k not in ("BEGIN", "COMMIT", "ROLLBACK"))
+    print(f"\nstatements in one steady-state turn: {total} {dict(counts)}")
+    assert total <= MAX_STATEMENTS, dict(counts)
