@@ -56,6 +56,7 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # The local vLLM engine (CPU) in its own venv, .venv-vllm: installed and the model converted
 # once; later runs only check. `make test` needs it for the vLLM adapter's tests.

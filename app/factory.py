@@ -21,7 +21,6 @@ from litestar.openapi import OpenAPIConfig
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
-from app.access.guard import RequestGuard
 from app.access.keys import (
     PUBLIC_PATHS,
     AccessGate,
@@ -34,6 +33,7 @@ from app.api.admin import AdminController, Deployment
 from app.api.admin_page import AdminLoginController, AdminPageController, form_token_field
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.facts import FactController
+from app.api.guard import RequestGuard
 from app.api.health import healthz, readyz
 from app.api.knowledge import KnowledgeController
 from app.api.memory import MemoryController
@@ -44,14 +44,7 @@ from app.observability.metrics import ServiceMetrics
 from app.observability.requests import observe_requests
 from app.runtime import Runtime, build_runtime, close_runtime
 from app.settings import Settings
-from retrieval.chat.service import ChatService
-from retrieval.facts.memory import FactMemory
-from retrieval.knowledge.base import KnowledgeBase
-from retrieval.protocols import (
-    Embedder,
-    Engine,
-)
-from storage.repository import Store
+from retrieval.protocols import Embedder, Engine
 
 log = structlog.get_logger(__name__)
 
@@ -68,27 +61,15 @@ def create_app(
         )
         try:
             local_mode = await check_local_mode(
-                runtime.access, settings.host, bootstrap_key(settings)
+                runtime.repositories.access, settings.host, bootstrap_key(settings)
             )
-            gate.open(runtime.access, local_mode=local_mode)
+            gate.open(runtime.repositories.access, local_mode=local_mode)
             app.state.runtime = runtime
-            log.info("memchat_ready", database=runtime.db_engine.url.render_as_string())
+            log.info("memchat_ready", database=runtime.db.engine.url.render_as_string())
             yield
         finally:
             gate.close()
             await close_runtime(runtime)
-
-    def provide_store(state: State) -> Store:
-        return state.runtime.store
-
-    def provide_chat_service(state: State) -> ChatService:
-        return state.runtime.chat
-
-    def provide_fact_memory(state: State) -> FactMemory:
-        return state.runtime.facts
-
-    def provide_knowledge(state: State) -> KnowledgeBase:
-        return state.runtime.knowledge
 
     def provide_sampling() -> SamplingDefaults:
         return sampling
@@ -102,9 +83,15 @@ def create_app(
             engine=runtime.engine.model_name,
         )
 
-    def runtime_part(name: str) -> Provide:
+    def part(path: str) -> Provide:
+        """A part of the runtime by its attribute path (`repositories.sessions`)."""
+        names = path.split(".")
+
         def provide(state: State) -> Any:
-            return getattr(state.runtime, name)
+            value: Any = state.runtime
+            for name in names:
+                value = getattr(value, name)
+            return value
 
         return Provide(provide, sync_to_thread=False)
 
@@ -117,17 +104,29 @@ def create_app(
         top_k=settings.engine.top_k,
     )
     dependencies: dict[str, Any] = {
-        "store": Provide(provide_store, sync_to_thread=False),
-        "chat_service": Provide(provide_chat_service, sync_to_thread=False),
-        "fact_memory": Provide(provide_fact_memory, sync_to_thread=False),
         "sampling": Provide(provide_sampling, sync_to_thread=False),
-        "knowledge": Provide(provide_knowledge, sync_to_thread=False),
         "principal": Provide(provide_principal, sync_to_thread=False),
         "deployment": Provide(provide_deployment, sync_to_thread=False),
-        "access": runtime_part("access"),
-        "operations": runtime_part("operations"),
-        "turn_memory": runtime_part("memory"),
-        "summaries": runtime_part("summaries"),
+        # Use cases
+        "turns": part("turns"),
+        "previews": part("previews"),
+        "history": part("history"),
+        "chat_sessions": part("sessions"),
+        "memory_search": part("search"),
+        "fact_memory": part("facts"),
+        "knowledge": part("knowledge"),
+        "operations": part("operations"),
+        "turn_memory": part("memory"),
+        # Reads straight from the repositories
+        "db": part("repositories.db"),
+        "users": part("repositories.users"),
+        "sessions": part("repositories.sessions"),
+        "messages": part("repositories.messages"),
+        "summaries": part("repositories.summaries"),
+        "facts": part("repositories.facts"),
+        "documents": part("repositories.knowledge"),
+        "access": part("repositories.access"),
+        "admin": part("repositories.admin"),
     }
     app = Litestar(
         route_handlers=[

@@ -128,7 +128,7 @@ class KnowledgeSettings(BaseModel):
 
 
 class TurnTextSettings(BaseModel):
-    """What is indexed for each turn besides its content (see retrieval/turn_text.py)."""
+    """What is indexed for each turn besides its content (see retrieval/search/indexed_text.py)."""
 
     speaker: bool = False
     date: bool = False

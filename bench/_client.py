@@ -34,14 +34,14 @@ class CountingEngine:
     model_name = "none"
     context_window = 8192
 
-    def count_tokens(self, text: str) -> int:
+    async def count_tokens(self, text: str) -> int:
         return len(text.split())
 
-    def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
-        return sum(self.count_tokens(m.content) + 3 for m in messages)
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        return sum(len(m.content.split()) + 3 for m in messages)
 
-    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return [0] * self.count_prompt_tokens(messages)
+    async def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return [0] * await self.count_prompt_tokens(messages)
 
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Completion:
         raise EngineError("the benchmark engine does not generate")

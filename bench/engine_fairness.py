@@ -44,10 +44,10 @@ async def timed(
 
 
 async def run(slots: int, timeout_s: float) -> None:
-    engine = LlamaCppEngine(
+    engine = await LlamaCppEngine.loaded(
         default_model_path(), context_window=8192, num_slots=slots, timeout_s=timeout_s
     )
-    print(f"long prompt: {len(engine.prompt_tokens(LONG))} tokens; slots: {slots}")
+    print(f"long prompt: {len(await engine.prompt_tokens(LONG))} tokens; slots: {slots}")
     alone, _ = await timed(engine, SHORT, 16)
     long_task = asyncio.create_task(timed(engine, LONG, 1))
     await asyncio.sleep(0.2)

@@ -36,28 +36,33 @@ from retrieval.search.fusion import (
     reciprocal_rank_fusion,
     standardised_fusion,
 )
-from retrieval.search.indexed_text import TextRecipe, TurnText, dense_texts, indexed_parts
+from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
 from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
 from retrieval.search.memory import mean_of_pieces
+from storage.records import Turn
 
 KS = (5, 10, 20)
 SPLITS = {"tune": ("conv-26", "conv-44"), "held-out": ("conv-48", "conv-50")}
 
 
-def load(path: Path) -> list[tuple[str, list[tuple[str, TurnText]], list[tuple[str, set[str]]]]]:
+def load(path: Path) -> list[tuple[str, list[tuple[str, Turn]], list[tuple[str, set[str]]]]]:
     conversations = []
     for item in json.loads(path.read_text(encoding="utf-8")):
         turns = [
             (
                 normalise_id(t["dia_id"]),
-                TurnText(
-                    f"s{number}",
-                    position + 1,
-                    "user",
-                    t["speaker"],
-                    t["text"],
-                    date + dt.timedelta(seconds=position),
-                    t.get("blip_caption"),
+                Turn(
+                    id=0,
+                    session_id=f"s{number}",
+                    user_pk=0,
+                    seq=position + 1,
+                    role="user",
+                    name=t["speaker"],
+                    content=t["text"],
+                    created_at=date + dt.timedelta(seconds=position),
+                    external_id=None,
+                    token_count=0,
+                    image_caption=t.get("blip_caption"),
                 ),
             )
             for number, date, session in sessions_of(item["conversation"])
@@ -102,7 +107,7 @@ class Vectors:
             self._embedder = OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", self._cache)
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
-        vectors = self._embedder.embed(texts)
+        vectors = self._embedder.embed_now(texts)
         np.save(path, vectors)
         return vectors
 
@@ -124,7 +129,7 @@ class Vectors:
         missing = [w for w in words if w not in self._words]
         if missing:
             self._embed("none", [])  # loads the embedder
-            self._words.update(zip(missing, self._embedder.embed(missing), strict=True))
+            self._words.update(zip(missing, self._embedder.embed_now(missing), strict=True))
             names = list(self._words)
             np.save(self._cache / "words.npy", np.stack([self._words[w] for w in names]))
             (self._cache / "words.json").write_text(json.dumps(names))

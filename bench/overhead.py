@@ -27,17 +27,20 @@ import time
 from pathlib import Path
 
 from app.runtime import Runtime, build_runtime, close_runtime
-from app.settings import FactSettings, Settings
+from app.settings import EngineSettings, FactSettings, Settings
 from retrieval.facts.rules import rule_extractor
 from retrieval.knowledge.base import Upload
 from retrieval.protocols import SamplingParams
-from retrieval.turns import ImportedMessage
 from storage import migrate
 from storage.db import create_engine
 from storage.models import DEFAULT_TENANT_ID
+from storage.records import NewTurn
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10_dev.json"
 TURNS_PER_SESSION = 500
+# A turn after a large import evaluates a full 8k-token prompt on the CPU: on two busy
+# cores that may take longer than the service's default limit for one turn.
+ENGINE = EngineSettings(timeout_s=600)
 
 
 def load_locomo(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
@@ -88,7 +91,7 @@ async def fill(
     """Store turns[start:stop], cycled, in sessions of TURNS_PER_SESSION; returns the last one."""
     session_id = ""
     for offset in range(start, stop, TURNS_PER_SESSION):
-        chat, _user = await runtime.store.create_session(
+        chat, _user = await runtime.sessions.create(
             user_id, f"bench {offset}", {}, tenant_id=DEFAULT_TENANT_ID
         )
         session_id = chat.id
@@ -96,8 +99,8 @@ async def fill(
         for position in range(offset, min(stop, offset + TURNS_PER_SESSION)):
             speaker, text = turns[position % len(turns)]
             role = "user" if position % 2 == 0 else "assistant"
-            batch.append(ImportedMessage(role=role, content=text, name=speaker))
-        await runtime.chat.import_history(session_id, batch)
+            batch.append(NewTurn(role=role, content=text, name=speaker))
+        await runtime.history.run(session_id, batch, tenant_id=DEFAULT_TENANT_ID)
     return session_id
 
 
@@ -105,16 +108,18 @@ async def measure(
     runtime: Runtime, session_id: str, questions: list[str], num_queries: int
 ) -> None:
     params = SamplingParams(max_tokens=256)
-    user = (await runtime.store.get_session(session_id))[1]
+    user = (await runtime.repositories.sessions.get_session(session_id))[1]
     # One real turn first: a session's first turn after a large import compacts its window
     # (stored once); previews, which store nothing, would otherwise redo it every time.
-    await runtime.chat.complete_turn(session_id, questions[0], SamplingParams(max_tokens=1))
+    await runtime.turns.complete(
+        session_id, questions[0], SamplingParams(max_tokens=1), tenant_id=DEFAULT_TENANT_ID
+    )
     for question in questions[:10]:  # warm-up
-        await runtime.chat.preview_context(session_id, question, params)
+        await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
     whole, embed, search, assemble_rest, pinned = [], [], [], [], []
     for question in questions[:num_queries]:
         t0 = time.perf_counter()
-        await runtime.chat.preview_context(session_id, question, params)
+        await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
         whole.append(time.perf_counter() - t0)
         # The stages again, separately, for the breakdown.
         t1 = time.perf_counter()
@@ -161,7 +166,9 @@ async def measure_extraction(turns: list[tuple[str, str]], num_turns: int) -> No
     runs = [(k, s) for s in (True, False) for k in ("rules", "none", "rules", "none")]
     for kind, with_statements in runs:
         with tempfile.TemporaryDirectory() as tmp:
-            settings = Settings(data_dir=Path(tmp), facts=FactSettings(extractor=kind))
+            settings = Settings(
+                data_dir=Path(tmp), engine=ENGINE, facts=FactSettings(extractor=kind)
+            )
             engine = create_engine(settings.resolved_database_url())
             await migrate.upgrade(engine)
             await engine.dispose()
@@ -176,9 +183,7 @@ async def turn_latency(
     runtime: Runtime, kind: str, texts: list[str], num_turns: int, with_statements: bool
 ) -> None:
     """Back-to-back turns: extraction of one turn (if on) overlaps the next turn."""
-    chat, user = await runtime.store.create_session(
-        "bench-facts", None, {}, tenant_id=DEFAULT_TENANT_ID
-    )
+    chat, user = await runtime.sessions.create("bench-facts", None, {}, tenant_id=DEFAULT_TENANT_ID)
     params = SamplingParams(max_tokens=8, temperature=0)
     statements = [
         "I'm allergic to peanuts.", "I live in Lisbon.", "My name is Ana.", "I love jazz.",
@@ -189,13 +194,13 @@ async def turn_latency(
         stating = with_statements and i % 2 == 0
         content = statements[i % len(statements)] if stating else texts[i]
         t0 = time.perf_counter()
-        await runtime.chat.complete_turn(chat.id, content, params)
+        await runtime.turns.complete(chat.id, content, params, tenant_id=DEFAULT_TENANT_ID)
         latencies.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     if runtime.fact_worker is not None:
         await runtime.fact_worker.drain()
     drained = time.perf_counter() - t0
-    facts = await runtime.facts.store.list_facts(user.id)
+    facts = await runtime.repositories.facts.list_facts(user.id)
     label = "statements" if with_statements else "chat only"
     print(summary(f"turn, {label}, extract {kind:<5}", latencies[2:]))
     print(f"    {len(facts)} active facts; worker drained {drained * 1000:.1f} ms after last reply")
@@ -212,7 +217,8 @@ async def ingest(runtime: Runtime, user_id: str, documents: list[tuple[str, str]
             Upload(DEFAULT_TENANT_ID, owner, title, text, {}, "md")
         )
         await runtime.knowledge.wait_idle()
-        num_chunks += (await runtime.knowledge.store.get_document(document.id))[0].num_chunks
+        stored = await runtime.repositories.knowledge.get_document(document.id)
+        num_chunks += stored[0].num_chunks
     elapsed = time.perf_counter() - t0
     print(
         f"\ningested {len(documents)} documents, {num_chunks} chunks in {elapsed:.1f} s"
@@ -231,7 +237,7 @@ async def main() -> None:
     turns, questions = load_locomo(args.data)
     print(f"LoCoMo: {len(turns)} turns, {len(questions)} questions; {args.queries} timed queries")
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp))
+        settings = Settings(data_dir=Path(tmp), engine=ENGINE)
         engine = create_engine(settings.resolved_database_url())
         await migrate.upgrade(engine)
         await engine.dispose()

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 from retrieval.knowledge.base import KnowledgeBase
 from retrieval.search.memory import TurnMemory
-from storage.admin import AdminStore, ErasedUser
+from storage.admin import AdminRepository, ErasedUser
 from storage.knowledge import scope_of
+from storage.messages import MessageRepository
+from storage.users import UserRepository
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,28 +25,31 @@ class Reindexed:
 
 class MemoryOperations:
     def __init__(
-        self, store: AdminStore, memory: TurnMemory, knowledge: KnowledgeBase | None
+        self,
+        admin: AdminRepository,
+        users: UserRepository,
+        messages: MessageRepository,
+        memory: TurnMemory,
+        knowledge: KnowledgeBase | None,
     ) -> None:
-        self._store = store
+        self._admin = admin
+        self._users = users
+        self._messages = messages
         self._memory = memory
         self._knowledge = knowledge
 
-    @property
-    def store(self) -> AdminStore:
-        return self._store
-
     async def erase_user(self, user_pk: int) -> ErasedUser:
         """Every row of the user, then every vector (turns and own knowledge)."""
-        await self._store.get_user_by_pk(user_pk)
-        message_ids = [m.id for m in await self._store.list_user_messages(user_pk)]
-        erased = await self._store.erase_user(user_pk)
+        await self._users.get_user_by_pk(user_pk)
+        message_ids = [t.id for t in await self._messages.list_user_messages(user_pk)]
+        erased = await self._admin.erase_user(user_pk)
         await self._memory.forget_user(user_pk, message_ids)
         if self._knowledge is not None:
             await self._knowledge.drop_scope(scope_of(erased.tenant_id, user_pk))
         return erased
 
     async def reindex_user(self, user_pk: int) -> Reindexed:
-        user = await self._store.get_user_by_pk(user_pk)
+        user = await self._users.get_user_by_pk(user_pk)
         num_turns = await self._memory.reindex_user(user_pk)
         num_chunks = 0
         if self._knowledge is not None:

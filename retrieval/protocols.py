@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-from retrieval.facts.model import CandidateFact
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +57,8 @@ class IndexLoadResult:
 
 
 class Embedder(Protocol):
-    """Turns texts into L2-normalised float32 vectors of a fixed dimension."""
+    """Turns texts into L2-normalised float32 vectors of a fixed dimension; the model runs
+    off the event loop (the adapter offloads it)."""
 
     @property
     def model_name(self) -> str: ...
@@ -68,62 +66,72 @@ class Embedder(Protocol):
     @property
     def dimension(self) -> int: ...
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+    async def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 class VectorIndex(Protocol):
-    """Inner-product search over vectors keyed by message id, partitioned by an integer scope.
+    """Inner-product search over vectors keyed by id (message or chunk), partitioned by an
+    integer scope. Derived state: every vector also lives in SQL, so a scope can always
+    be rebuilt.
 
-    Derived state: every vector also lives in SQL, so a scope can always be rebuilt.
+    Every method that may touch storage or the network is async; an adapter around a
+    blocking library offloads that work itself (FAISS its files, Chroma every call).
     """
 
     @property
     def dimension(self) -> int: ...
 
-    def is_loaded(self, scope: int) -> bool: ...
+    def is_loaded(self, scope: int) -> bool:
+        """Whether this process has the scope open (in memory: no I/O)."""
+        ...
 
-    def load(self, scope: int) -> IndexLoadResult: ...
+    async def load(self, scope: int) -> IndexLoadResult: ...
 
-    def reset(self, scope: int) -> None: ...
+    async def reset(self, scope: int) -> None: ...
 
-    def add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None: ...
+    async def add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None: ...
 
-    def remove(self, scope: int, ids: Collection[int]) -> None: ...
+    async def remove(self, scope: int, ids: Collection[int]) -> None: ...
 
-    def search(
+    async def search(
         self, scope: int, vector: np.ndarray, k: int, exclude: Collection[int] = ()
     ) -> list[ScoredId]: ...
 
-    def similarities(
+    async def similarities(
         self, scope: int, vector: np.ndarray, ids: Collection[int]
     ) -> dict[int, float]:
         """The exact inner product of `vector` with each of `ids` held in the scope
         (ids it does not hold are left out)."""
         ...
 
-    def list_ids(self, scope: int) -> set[int]: ...
+    async def list_ids(self, scope: int) -> set[int]: ...
 
-    def num_vectors(self) -> int:
+    async def num_vectors(self) -> int:
         """Vectors in the scopes this instance has open (loaded or written since it
         started), not those of scopes it has not touched: cheap enough for every scrape
         of the metrics."""
         ...
 
-    def ping(self) -> None:
+    async def ping(self) -> None:
         """Reach the store behind the index; raises IndexUnavailableError when it cannot."""
         ...
 
-    def save(self) -> None: ...
+    async def save(self) -> None: ...
 
-    def drop_all(self) -> None: ...
+    async def drop_all(self) -> None: ...
 
-    def drop(self, scope: int) -> None:
+    async def drop(self, scope: int) -> None:
         """Forget one scope entirely, in memory and in storage (erasing a user)."""
         ...
 
 
 class Engine(Protocol):
-    """An LLM engine: chat generation plus its own tokenizer and context window."""
+    """An LLM engine: chat generation plus its own tokenizer and context window.
+
+    Counting is async like generation: an engine behind a network hop counts with its
+    server's tokenizer (vLLM's `/tokenize`), which no turn may wait for on the event
+    loop; an in-process engine counts in microseconds and answers at once.
+    """
 
     @property
     def model_name(self) -> str: ...
@@ -131,11 +139,11 @@ class Engine(Protocol):
     @property
     def context_window(self) -> int: ...
 
-    def count_tokens(self, text: str) -> int: ...
+    async def count_tokens(self, text: str) -> int: ...
 
-    def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int: ...
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int: ...
 
-    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]: ...
+    async def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]: ...
 
     async def generate(
         self, messages: Sequence[ChatMessage], params: SamplingParams
@@ -148,15 +156,6 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-class FactExtractor(Protocol):
-    """Finds candidate key facts in one user message."""
-
-    @property
-    def name(self) -> str: ...
-
-    async def extract(self, text: str) -> list[CandidateFact]: ...
-
-
 @runtime_checkable
 class StructuredEngine(Protocol):
     """An engine that can constrain its reply to a JSON schema (a grammar in llama.cpp,
@@ -165,38 +164,6 @@ class StructuredEngine(Protocol):
 
     async def generate_json(
         self, messages: Sequence[ChatMessage], schema: Mapping[str, Any], params: SamplingParams
-    ) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class WindowTurn:
-    """A stored message as the recent window and the summarizers see it."""
-
-    message_id: int
-    seq: int
-    role: str
-    name: str | None
-    text: str
-    token_count: int
-    created_at: dt.datetime
-    # The per-turn context this message was sent with, as sent (user messages of turns).
-    note: str = ""
-    note_ids: tuple[int, ...] = ()
-    note_fact_ids: tuple[int, ...] = ()
-
-    @property
-    def speaker(self) -> str:
-        return self.name or self.role
-
-
-class Summarizer(Protocol):
-    """Folds turns that leave the recent window into the session's running summary."""
-
-    @property
-    def name(self) -> str: ...
-
-    async def summarize(
-        self, previous: str, turns: Sequence[WindowTurn], max_tokens: int
     ) -> str: ...
 
 

@@ -14,9 +14,13 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
+from storage.db import Database
 from storage.errors import NotFoundError
-from storage.models import AdminSession, ApiKey, AuditEntry, Tenant, utc_now
-from storage.repository import Store
+from storage.models import AdminSession, utc_now
+from storage.models import ApiKey as ApiKeyRow
+from storage.models import AuditEntry as AuditRow
+from storage.models import Tenant as TenantRow
+from storage.records import ApiKey, AuditEntry, Tenant, to_record
 
 SECRET_PREFIX = "mck_"
 # The prefix and the first characters of the secret name the key in listings and logs.
@@ -40,7 +44,7 @@ class KeyOwner:
     requests_per_minute: int | None
 
 
-def _owner(key: ApiKey, tenant_name: str) -> KeyOwner:
+def _owner(key: ApiKeyRow, tenant_name: str) -> KeyOwner:
     return KeyOwner(
         key.id,
         key.name,
@@ -52,26 +56,30 @@ def _owner(key: ApiKey, tenant_name: str) -> KeyOwner:
     )
 
 
-class AccessStore(Store):
+class AccessRepository:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
     async def ensure_tenant(self, name: str) -> Tenant:
-        async with self._transaction() as session:
-            tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
+        async with self._db.transaction() as session:
+            tenant = await session.scalar(select(TenantRow).where(TenantRow.name == name))
             if tenant is None:
-                tenant = Tenant(name=name, created_at=utc_now())
+                tenant = TenantRow(name=name, created_at=utc_now())
                 session.add(tenant)
                 await session.flush()
-            return tenant
+            return to_record(Tenant, tenant)
 
     async def get_tenant(self, name: str) -> Tenant:
-        async with self._transaction() as session:
-            tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
-        if tenant is None:
-            raise NotFoundError("tenant", name)
-        return tenant
+        async with self._db.transaction() as session:
+            tenant = await session.scalar(select(TenantRow).where(TenantRow.name == name))
+            if tenant is None:
+                raise NotFoundError("tenant", name)
+            return to_record(Tenant, tenant)
 
     async def list_tenants(self) -> list[Tenant]:
-        async with self._transaction() as session:
-            return list((await session.scalars(select(Tenant).order_by(Tenant.id))).all())
+        async with self._db.transaction() as session:
+            rows = await session.scalars(select(TenantRow).order_by(TenantRow.id))
+            return [to_record(Tenant, row) for row in rows.all()]
 
     async def create_key(
         self,
@@ -88,7 +96,7 @@ class AccessStore(Store):
         environment)."""
         tenant = await self.ensure_tenant(tenant_name)
         secret = secret or SECRET_PREFIX + secrets.token_urlsafe(32)
-        key = ApiKey(
+        key = ApiKeyRow(
             tenant_id=tenant.id,
             name=name,
             prefix=secret[:DISPLAY_CHARS],
@@ -97,37 +105,40 @@ class AccessStore(Store):
             requests_per_minute=requests_per_minute,
             created_at=utc_now(),
         )
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             session.add(key)
-        return key, secret
+            await session.flush()
+            return to_record(ApiKey, key), secret
 
     async def list_keys(self) -> list[tuple[ApiKey, str]]:
         """Every key, revoked ones included, with its tenant's name."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.execute(
-                select(ApiKey, Tenant.name)
-                .join(Tenant, Tenant.id == ApiKey.tenant_id)
-                .order_by(ApiKey.id)
+                select(ApiKeyRow, TenantRow.name)
+                .join(TenantRow, TenantRow.id == ApiKeyRow.tenant_id)
+                .order_by(ApiKeyRow.id)
             )
-            return [(key, tenant) for key, tenant in rows.all()]
+            return [(to_record(ApiKey, key), tenant) for key, tenant in rows.all()]
 
     async def revoke_key(self, key_id: int) -> ApiKey:
-        async with self._transaction() as session:
-            key = await session.get(ApiKey, key_id)
+        async with self._db.transaction() as session:
+            key = await session.get(ApiKeyRow, key_id)
             if key is None:
                 raise NotFoundError("api key", key_id)
             if key.revoked_at is None:
                 key.revoked_at = utc_now()
-            return key
+            return to_record(ApiKey, key)
 
     async def get_key_owner_or_none(self, secret: str) -> KeyOwner | None:
         """The owner of an active key with this secret; None if unknown or revoked."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             row = (
                 await session.execute(
-                    select(ApiKey, Tenant.name)
-                    .join(Tenant, Tenant.id == ApiKey.tenant_id)
-                    .where(ApiKey.key_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
+                    select(ApiKeyRow, TenantRow.name)
+                    .join(TenantRow, TenantRow.id == ApiKeyRow.tenant_id)
+                    .where(
+                        ApiKeyRow.key_hash == hash_secret(secret), ApiKeyRow.revoked_at.is_(None)
+                    )
                 )
             ).first()
         return None if row is None else _owner(*row)
@@ -139,7 +150,7 @@ class AccessStore(Store):
         hash is stored)."""
         token = secrets.token_urlsafe(32)
         now = utc_now()
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             session.add(
                 AdminSession(
                     token_hash=hash_secret(token),
@@ -152,16 +163,16 @@ class AccessStore(Store):
 
     async def get_session_owner_or_none(self, token: str) -> KeyOwner | None:
         """The owner of a live admin session: not expired, its key not revoked."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             row = (
                 await session.execute(
-                    select(ApiKey, Tenant.name)
-                    .join(AdminSession, AdminSession.key_id == ApiKey.id)
-                    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                    select(ApiKeyRow, TenantRow.name)
+                    .join(AdminSession, AdminSession.key_id == ApiKeyRow.id)
+                    .join(TenantRow, TenantRow.id == ApiKeyRow.tenant_id)
                     .where(
                         AdminSession.token_hash == hash_secret(token),
                         AdminSession.expires_at > utc_now(),
-                        ApiKey.revoked_at.is_(None),
+                        ApiKeyRow.revoked_at.is_(None),
                     )
                 )
             ).first()
@@ -169,7 +180,7 @@ class AccessStore(Store):
 
     async def delete_admin_session(self, token: str) -> None:
         """Sign out; expired sessions of any key go at the same time."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             await session.execute(
                 delete(AdminSession).where(
                     (AdminSession.token_hash == hash_secret(token))
@@ -178,9 +189,9 @@ class AccessStore(Store):
             )
 
     async def has_active_keys(self) -> bool:
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             found = await session.scalar(
-                select(ApiKey.id).where(ApiKey.revoked_at.is_(None)).limit(1)
+                select(ApiKeyRow.id).where(ApiKeyRow.revoked_at.is_(None)).limit(1)
             )
             return found is not None
 
@@ -189,17 +200,18 @@ class AccessStore(Store):
     async def record(
         self, actor: str, action: str, target: str, detail: dict[str, Any] | None = None
     ) -> AuditEntry:
-        entry = AuditEntry(
+        entry = AuditRow(
             at=utc_now(), actor=actor, action=action, target=target, detail=detail or {}
         )
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             session.add(entry)
-        return entry
+            await session.flush()
+            return to_record(AuditEntry, entry)
 
     async def list_audit(self, *, limit: int, before_id: int | None = None) -> list[AuditEntry]:
         """Newest first; `before_id` pages back."""
-        query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+        query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
         if before_id is not None:
-            query = query.where(AuditEntry.id < before_id)
-        async with self._transaction() as session:
-            return list((await session.scalars(query)).all())
+            query = query.where(AuditRow.id < before_id)
+        async with self._db.transaction() as session:
+            return [to_record(AuditEntry, row) for row in (await session.scalars(query)).all()]

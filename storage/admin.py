@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import Subquery, delete, func, select
 
+from storage.db import Database, rows_affected
 from storage.errors import NotFoundError
 from storage.models import (
+    AdminSession,
     ApiKey,
+    AuditEntry,
     ChatSession,
     Fact,
     FactChange,
@@ -20,7 +24,9 @@ from storage.models import (
     Tenant,
     User,
 )
-from storage.repository import Store
+from storage.records import User as UserRecord
+from storage.records import to_record
+from storage.users import is_row_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +39,7 @@ class TenantCounts:
 
 @dataclass(frozen=True, slots=True)
 class UserCounts:
-    user: User
+    user: UserRecord
     tenant_name: str
     num_sessions: int
     num_messages: int
@@ -57,16 +63,35 @@ class ErasedUser:
     num_documents: int
     num_chunks: int
 
+    def removed(self) -> dict[str, int]:
+        """Rows removed, by table."""
+        return {
+            "sessions": self.num_sessions,
+            "messages": self.num_messages,
+            "message_embeddings": self.num_embeddings,
+            "session_summaries": self.num_summaries,
+            "facts": self.num_facts,
+            "fact_changes": self.num_fact_changes,
+            "knowledge_documents": self.num_documents,
+            "knowledge_chunks": self.num_chunks,
+            "users": 1,
+        }
 
-def _count_by(column: object, *where: object) -> object:
+
+def _count_by(column: Any, *where: Any) -> Subquery:
     return select(column, func.count().label("n")).where(*where).group_by(column).subquery()
 
 
-class AdminStore(Store):
+class AdminRepository:
+    """Reads across tenants for operators, and the erasure of a user."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
     async def list_tenants_with_counts(self) -> list[TenantCounts]:
         users = _count_by(User.tenant_id)
         keys = _count_by(ApiKey.tenant_id, ApiKey.revoked_at.is_(None))
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.execute(
                 select(
                     Tenant.id,
@@ -108,19 +133,21 @@ class AdminStore(Store):
             query = query.where(User.tenant_id == tenant_id)
         if user_pk is not None:
             query = query.where(User.id == user_pk)
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = (await session.execute(query)).all()
-        return [UserCounts(u, t, int(a), int(b), int(c), int(d)) for u, t, a, b, c, d in rows]
+        return [
+            UserCounts(to_record(UserRecord, u), t, int(a), int(b), int(c), int(d))
+            for u, t, a, b, c, d in rows
+        ]
 
     async def get_user_counts(self, user_pk: int) -> UserCounts:
-        await self.get_user_by_pk(user_pk)  # refuses ids no row can have
-        found = await self.list_users_with_counts(user_pk=user_pk)
+        found = await self.list_users_with_counts(user_pk=user_pk) if is_row_id(user_pk) else []
         if not found:
             raise NotFoundError("user", user_pk)
         return found[0]
 
     async def list_user_chunk_ids(self, user_pk: int) -> list[int]:
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.scalars(
                 select(KnowledgeChunk.id)
                 .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
@@ -131,7 +158,7 @@ class AdminStore(Store):
     async def erase_user(self, user_pk: int) -> ErasedUser:
         """Delete every row of the user in one transaction, children first (SQLite cascades
         only with its pragma on, so nothing relies on it)."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             user = await session.get(User, user_pk)
             if user is None:
                 raise NotFoundError("user", user_pk)
@@ -159,7 +186,7 @@ class AdminStore(Store):
                 ),
             ):
                 result = await session.execute(statement)
-                counts[name] = int(result.rowcount or 0)  # type: ignore[attr-defined]
+                counts[name] = rows_affected(result)
             erased = ErasedUser(
                 user_pk=user.id,
                 tenant_id=user.tenant_id,
@@ -181,6 +208,8 @@ class AdminStore(Store):
         tables = {
             "tenants": Tenant,
             "api_keys": ApiKey,
+            "admin_sessions": AdminSession,
+            "audit_log": AuditEntry,
             "users": User,
             "sessions": ChatSession,
             "messages": Message,
@@ -191,22 +220,8 @@ class AdminStore(Store):
             "knowledge_documents": KnowledgeDocument,
             "knowledge_chunks": KnowledgeChunk,
         }
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             return {
                 name: int(await session.scalar(select(func.count()).select_from(model)) or 0)
                 for name, model in tables.items()
             }
-
-    async def database_bytes(self) -> int | None:
-        """The database's size on disk, where the backend can tell."""
-        async with self._transaction() as session:
-            dialect = session.bind.dialect.name
-            if dialect == "postgresql":
-                return int(
-                    await session.scalar(text("SELECT pg_database_size(current_database())"))
-                )
-            if dialect == "sqlite":
-                pages = await session.scalar(text("PRAGMA page_count"))
-                size = await session.scalar(text("PRAGMA page_size"))
-                return int(pages) * int(size)
-        return None

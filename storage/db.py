@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy import event, text, update
+from sqlalchemy.engine import CursorResult, Result, make_url
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from storage.errors import ConflictError, DatabaseUnavailableError, InvalidDataError
+from storage.models import ReadinessProbe, utc_now
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -54,8 +55,58 @@ def create_engine(url: str, *, timeout_s: float = 30.0, echo: bool = False) -> A
     )
 
 
-def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
+def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def rows_affected(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE touched (SQLAlchemy answers them with a cursor
+    result, which its `execute` signature does not say)."""
+    return cast("CursorResult[Any]", result).rowcount
+
+
+class Database:
+    """One database of the process: its engine and its transactions. Every repository is
+    built on one and opens a transaction per public call."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._sessionmaker = create_sessionmaker(engine)
+
+    @classmethod
+    def open(cls, url: str, *, timeout_s: float = 30.0) -> Database:
+        return cls(create_engine(url, timeout_s=timeout_s))
+
+    def transaction(self) -> AbstractAsyncContextManager[AsyncSession]:
+        return transaction(self._sessionmaker)
+
+    async def ping(self) -> None:
+        async with self.transaction() as session:
+            await session.execute(text("SELECT 1"))
+
+    async def check_writable(self) -> None:
+        """Rewrite the readiness row and commit: raises where the database answers reads
+        but takes no writes (a full disk, a read-only replica)."""
+        async with self.transaction() as session:
+            await session.execute(
+                update(ReadinessProbe).where(ReadinessProbe.id == 1).values(checked_at=utc_now())
+            )
+
+    async def size_bytes(self) -> int | None:
+        """The database's size on disk, where the backend can tell."""
+        async with self.transaction() as session:
+            dialect = session.get_bind().dialect.name
+            if dialect == "postgresql":
+                size = await session.scalar(text("SELECT pg_database_size(current_database())"))
+                return int(size)
+            if dialect == "sqlite":
+                pages = await session.scalar(text("PRAGMA page_count"))
+                page = await session.scalar(text("PRAGMA page_size"))
+                return int(pages) * int(page)
+        return None
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
 
 
 def _is_data_exception(exc: DBAPIError) -> bool:

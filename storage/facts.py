@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.db import transaction
+from storage.db import Database, rows_affected
 from storage.errors import NotFoundError
-from storage.models import Fact, FactChange, Message, User, utc_now
-from storage.repository import MAX_ID
+from storage.models import Fact as FactRow
+from storage.models import FactChange as FactChangeRow
+from storage.models import Message, utc_now
+from storage.models import User as UserRow
+from storage.records import Fact, FactChange, User, to_record
+from storage.users import is_row_id
 
 STATUSES = ("active", "superseded", "deleted")
 
@@ -50,7 +54,7 @@ class Resolution:
 Resolver = Callable[[Sequence[Fact], NewFact], Resolution]
 
 
-def snapshot(fact: Fact) -> dict[str, Any]:
+def snapshot(fact: FactRow) -> dict[str, Any]:
     """The fields of a fact that its history records."""
     return {
         "text": fact.text,
@@ -72,33 +76,34 @@ def _iso(value: dt.datetime | None) -> str | None:
     return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).isoformat()
 
 
-class FactStore:
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
-        self._sessionmaker = sessionmaker
+class FactRepository:
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def list_facts(self, user_pk: int, statuses: Collection[str] = ("active",)) -> list[Fact]:
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             rows = await session.scalars(
-                select(Fact)
-                .where(Fact.user_pk == user_pk, Fact.status.in_(list(statuses)))
-                .order_by(Fact.id)
+                select(FactRow)
+                .where(FactRow.user_pk == user_pk, FactRow.status.in_(list(statuses)))
+                .order_by(FactRow.id)
             )
-            return list(rows.all())
+            return [to_record(Fact, row) for row in rows.all()]
 
     async def get_fact(self, fact_id: int) -> tuple[Fact, User]:
-        async with transaction(self._sessionmaker) as session:
-            return await _fact_and_user(session, fact_id)
+        async with self._db.transaction() as session:
+            fact, user = await _fact_and_user(session, fact_id)
+            return to_record(Fact, fact), to_record(User, user)
 
     async def list_changes(self, fact_ids: Sequence[int]) -> list[FactChange]:
         if not fact_ids:
             return []
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             rows = await session.scalars(
-                select(FactChange)
-                .where(FactChange.fact_id.in_(list(fact_ids)))
-                .order_by(FactChange.id)
+                select(FactChangeRow)
+                .where(FactChangeRow.fact_id.in_(list(fact_ids)))
+                .order_by(FactChangeRow.id)
             )
-            return list(rows.all())
+            return [to_record(FactChange, row) for row in rows.all()]
 
     async def record_facts(
         self,
@@ -115,101 +120,93 @@ class FactStore:
         `old` to `new` in the same transaction; if another process moved it first,
         nothing is written and None is returned.
         """
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             if through_message_id is not None:
                 old, new = through_message_id
                 moved = await session.execute(
-                    update(User)
-                    .where(User.id == user_pk, User.facts_through_message_id == old)
+                    update(UserRow)
+                    .where(UserRow.id == user_pk, UserRow.facts_through_message_id == old)
                     .values(facts_through_message_id=new)
                 )
-                if moved.rowcount != 1:  # type: ignore[attr-defined]
+                if rows_affected(moved) != 1:
                     return None
             active = list(
                 (
                     await session.scalars(
-                        select(Fact).where(Fact.user_pk == user_pk, Fact.status == "active")
+                        select(FactRow).where(
+                            FactRow.user_pk == user_pk, FactRow.status == "active"
+                        )
                     )
                 ).all()
             )
-            touched: list[Fact] = []
+            touched: list[FactRow] = []
             for new_fact in new_facts:
                 touched += await _apply(session, user_pk, active, new_fact, resolve, actor)
-            return touched
+            await session.flush()
+            return [to_record(Fact, row) for row in touched]
 
     async def update_fact(self, fact_id: int, actor: str, **fields: Any) -> Fact:
         """Change some of text, is_pinned, priority, category (and text's vector, model)."""
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             fact, _user = await _fact_and_user(session, fact_id)
             before = snapshot(fact)
             for name, value in fields.items():
                 setattr(fact, name, value)
             fact.updated_at = utc_now()
             session.add(_change(fact, "updated", actor, before))
-            return fact
+            return to_record(Fact, fact)
 
     async def delete_fact(self, fact_id: int, actor: str) -> Fact:
         """Mark a fact deleted; it leaves every prompt and search but stays in history."""
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             fact, _user = await _fact_and_user(session, fact_id)
-            if fact.status == "deleted":
-                return fact
-            before = snapshot(fact)
-            fact.status = "deleted"
-            fact.valid_to = fact.valid_to or utc_now()
-            fact.updated_at = utc_now()
-            session.add(_change(fact, "deleted", actor, before))
-            return fact
+            if fact.status != "deleted":
+                before = snapshot(fact)
+                fact.status = "deleted"
+                fact.valid_to = fact.valid_to or utc_now()
+                fact.updated_at = utc_now()
+                session.add(_change(fact, "deleted", actor, before))
+            return to_record(Fact, fact)
 
     async def save_vectors(self, vectors: Sequence[tuple[int, str, bytes]]) -> None:
         """Store (fact id, model, vector) without a history entry: vectors are derived."""
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             for fact_id, model, vector in vectors:
                 await session.execute(
-                    update(Fact).where(Fact.id == fact_id).values(model=model, vector=vector)
+                    update(FactRow).where(FactRow.id == fact_id).values(model=model, vector=vector)
                 )
 
     # Extraction progress -------------------------------------------------------------
 
     async def get_watermark(self, user_pk: int) -> int:
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             value = await session.scalar(
-                select(User.facts_through_message_id).where(User.id == user_pk)
+                select(UserRow.facts_through_message_id).where(UserRow.id == user_pk)
             )
             if value is None:
                 raise NotFoundError("user", user_pk)
             return int(value)
 
-    async def list_user_messages_after(
-        self, user_pk: int, after_id: int, limit: int
-    ) -> list[Message]:
-        async with transaction(self._sessionmaker) as session:
-            rows = await session.scalars(
-                select(Message)
-                .where(Message.user_pk == user_pk, Message.id > after_id)
-                .order_by(Message.id)
-                .limit(limit)
-            )
-            return list(rows.all())
-
     async def list_users_behind(self) -> list[int]:
         """Users with messages that fact extraction has not read yet."""
-        async with transaction(self._sessionmaker) as session:
+        async with self._db.transaction() as session:
             rows = await session.execute(
-                select(User.id)
-                .join(Message, Message.user_pk == User.id)
-                .group_by(User.id, User.facts_through_message_id)
-                .having(func.max(Message.id) > User.facts_through_message_id)
+                select(UserRow.id)
+                .join(Message, Message.user_pk == UserRow.id)
+                .group_by(UserRow.id, UserRow.facts_through_message_id)
+                .having(func.max(Message.id) > UserRow.facts_through_message_id)
             )
             return [int(r[0]) for r in rows.all()]
 
 
-async def _fact_and_user(session: AsyncSession, fact_id: int) -> tuple[Fact, User]:
-    if not 1 <= fact_id <= MAX_ID:  # no such row can exist; the driver would overflow
+async def _fact_and_user(session: AsyncSession, fact_id: int) -> tuple[FactRow, UserRow]:
+    if not is_row_id(fact_id):
         raise NotFoundError("fact", fact_id)
     row = (
         await session.execute(
-            select(Fact, User).join(User, User.id == Fact.user_pk).where(Fact.id == fact_id)
+            select(FactRow, UserRow)
+            .join(UserRow, UserRow.id == FactRow.user_pk)
+            .where(FactRow.id == fact_id)
         )
     ).first()
     if row is None:
@@ -218,10 +215,10 @@ async def _fact_and_user(session: AsyncSession, fact_id: int) -> tuple[Fact, Use
 
 
 def _change(
-    fact: Fact, action: str, actor: str, before: dict[str, Any] | None, **extra: Any
-) -> FactChange:
+    fact: FactRow, action: str, actor: str, before: dict[str, Any] | None, **extra: Any
+) -> FactChangeRow:
     after = {**snapshot(fact), **extra}
-    return FactChange(
+    return FactChangeRow(
         fact_id=fact.id,
         action=action,
         actor=actor,
@@ -234,14 +231,18 @@ def _change(
 async def _apply(
     session: AsyncSession,
     user_pk: int,
-    active: list[Fact],
+    active: list[FactRow],
     new_fact: NewFact,
     resolve: Resolver,
     actor: str,
-) -> list[Fact]:
-    resolution = resolve(active, new_fact)
+) -> list[FactRow]:
+    """One new fact against the active ones: the resolver decides on their records, the
+    decision is applied to their rows."""
+    resolution = resolve([to_record(Fact, row) for row in active], new_fact)
+    rows = {row.id: row for row in active}
+    targets = [rows[target.id] for target in resolution.targets]
     if resolution.action == "merge":
-        target = resolution.targets[0]
+        target = targets[0]
         before = snapshot(target)
         target.source_message_ids = sorted(
             {*target.source_message_ids, *new_fact.source_message_ids}
@@ -252,13 +253,13 @@ async def _apply(
     fact = _new_row(user_pk, new_fact)
     if resolution.action == "insert_superseded":
         fact.status = "superseded"
-        fact.valid_to = min(t.valid_from for t in resolution.targets)
+        fact.valid_to = min(t.valid_from for t in targets)
     session.add(fact)
     await session.flush()
     session.add(_change(fact, "created", actor, None))
     touched = [fact]
     if resolution.action == "supersede":
-        for target in resolution.targets:
+        for target in targets:
             before = snapshot(target)
             target.status = "superseded"
             target.valid_to = new_fact.valid_from
@@ -271,9 +272,9 @@ async def _apply(
     return touched
 
 
-def _new_row(user_pk: int, new_fact: NewFact) -> Fact:
+def _new_row(user_pk: int, new_fact: NewFact) -> FactRow:
     now = utc_now()
-    return Fact(
+    return FactRow(
         user_pk=user_pk,
         text=new_fact.text,
         category=new_fact.category,

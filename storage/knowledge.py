@@ -13,9 +13,12 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, or_, select, update
 
+from storage.db import Database, rows_affected
 from storage.errors import ConflictError, NotFoundError
 from storage.models import KnowledgeChunk, KnowledgeDocument, User, utc_now
-from storage.repository import Store, is_uuid
+from storage.records import Document, to_record
+from storage.sessions import is_uuid
+from storage.users import get_or_add_user
 
 PROCESSING = "processing"
 READY = "ready"
@@ -95,11 +98,14 @@ def _in_scope(scope: int) -> Any:
     return KnowledgeDocument.user_pk == scope
 
 
-class KnowledgeStore(Store):
+class KnowledgeRepository:
     """Documents are created in `processing`, gain chunks batch by batch, then turn `ready`
     or `failed`; chunk ids are allocated by the database and never reused."""
 
-    async def add_document(self, new: NewDocument) -> tuple[KnowledgeDocument, str | None, bool]:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def add_document(self, new: NewDocument) -> tuple[Document, str | None, bool]:
         """The stored document of this content in this scope, or a new one in `processing`.
 
         Returns (document, owner's user id, created). Creates the owning user if unknown.
@@ -110,24 +116,11 @@ class KnowledgeStore(Store):
             # A concurrent upload of the same content won the race: answer with it.
             return await self._add_document(new)
 
-    async def _add_document(self, new: NewDocument) -> tuple[KnowledgeDocument, str | None, bool]:
-        async with self._transaction() as session:
+    async def _add_document(self, new: NewDocument) -> tuple[Document, str | None, bool]:
+        async with self._db.transaction() as session:
             user_pk = None
             if new.user_external_id is not None:
-                user = await session.scalar(
-                    select(User).where(
-                        User.tenant_id == new.tenant_id,
-                        User.external_id == new.user_external_id,
-                    )
-                )
-                if user is None:
-                    user = User(
-                        tenant_id=new.tenant_id,
-                        external_id=new.user_external_id,
-                        created_at=utc_now(),
-                    )
-                    session.add(user)
-                    await session.flush()
+                user = await get_or_add_user(session, new.tenant_id, new.user_external_id)
                 user_pk = user.id
             scope = scope_key(scope_of(new.tenant_id, user_pk))
             existing = await session.scalar(
@@ -137,7 +130,7 @@ class KnowledgeStore(Store):
                 )
             )
             if existing is not None:
-                return existing, new.user_external_id, False
+                return to_record(Document, existing), new.user_external_id, False
             now = utc_now()
             document = KnowledgeDocument(
                 id=str(uuid.uuid4()),
@@ -159,13 +152,14 @@ class KnowledgeStore(Store):
                 updated_at=now,
             )
             session.add(document)
-        return document, new.user_external_id, True
+            await session.flush()
+            return to_record(Document, document), new.user_external_id, True
 
-    async def get_document(self, document_id: str) -> tuple[KnowledgeDocument, str | None]:
+    async def get_document(self, document_id: str) -> tuple[Document, str | None]:
         """A document and its owner's user id (None for shared knowledge)."""
         if not is_uuid(document_id):
             raise NotFoundError("document", document_id)
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             row = (
                 await session.execute(
                     select(KnowledgeDocument, User.external_id)
@@ -175,20 +169,20 @@ class KnowledgeStore(Store):
             ).first()
         if row is None:
             raise NotFoundError("document", document_id)
-        return row[0], row[1]
+        return to_record(Document, row[0]), row[1]
 
-    async def list_documents(self, scope: int) -> list[KnowledgeDocument]:
+    async def list_documents(self, scope: int) -> list[Document]:
         """Documents of one scope (see `scope_of`), oldest first."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.scalars(
                 select(KnowledgeDocument)
                 .where(_in_scope(scope))
                 .order_by(KnowledgeDocument.created_at, KnowledgeDocument.id)
             )
-            return list(rows.all())
+            return [to_record(Document, row) for row in rows.all()]
 
     async def list_document_ids_in_status(self, status: str) -> list[str]:
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.scalars(
                 select(KnowledgeDocument.id)
                 .where(KnowledgeDocument.status == status)
@@ -201,7 +195,7 @@ class KnowledgeStore(Store):
 
         Returns the ids of the chunks removed, whose vectors the caller removes too.
         """
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             old = await session.scalars(
                 select(KnowledgeChunk.id).where(KnowledgeChunk.document_id == document_id)
             )
@@ -214,7 +208,7 @@ class KnowledgeStore(Store):
 
     async def add_chunks(self, document_id: str, chunks: Sequence[NewChunk]) -> list[int]:
         """Store one batch of chunks and count it as progress; returns their ids in order."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             ids = await session.scalars(
                 # Ids in the order of the chunks: they key the vectors of the same batch.
                 insert(KnowledgeChunk).returning(KnowledgeChunk.id, sort_by_parameter_order=True),
@@ -238,12 +232,12 @@ class KnowledgeStore(Store):
                     updated_at=utc_now(),
                 )
             )
-            if result.rowcount == 0:  # type: ignore[attr-defined]
+            if rows_affected(result) == 0:
                 raise NotFoundError("document", document_id)
         return chunk_ids
 
     async def finish_document(self, document_id: str, status: str, reason: str | None) -> None:
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             await self._set(session, document_id, status, reason)
 
     async def _set(
@@ -267,14 +261,14 @@ class KnowledgeStore(Store):
         result = await session.execute(
             update(KnowledgeDocument).where(KnowledgeDocument.id == document_id).values(**values)
         )
-        if result.rowcount == 0:
+        if rows_affected(result) == 0:
             raise NotFoundError("document", document_id)
 
     async def delete_document(self, document_id: str) -> tuple[int, list[int]]:
         """Delete a document and its chunks; returns its scope and chunk ids."""
         if not is_uuid(document_id):
             raise NotFoundError("document", document_id)
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             document = await session.get(KnowledgeDocument, document_id)
             if document is None:
                 raise NotFoundError("document", document_id)
@@ -298,7 +292,7 @@ class KnowledgeStore(Store):
         if not ids:
             return []
         in_scopes = or_(*(_in_scope(scope) for scope in scopes))
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.execute(
                 select(*_CHUNK_COLUMNS)
                 .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
@@ -312,7 +306,7 @@ class KnowledgeStore(Store):
 
     async def list_scopes_with_documents(self, scopes: Collection[int]) -> set[int]:
         """Which of these scopes hold at least one document."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.execute(
                 select(KnowledgeDocument.tenant_id, KnowledgeDocument.user_pk)
                 .where(or_(*(_in_scope(scope) for scope in scopes)))
@@ -322,7 +316,7 @@ class KnowledgeStore(Store):
 
     async def list_chunk_ids(self, scope: int) -> set[int]:
         """Ids of every stored chunk of one scope, whatever its document's status."""
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             rows = await session.scalars(
                 select(KnowledgeChunk.id)
                 .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
@@ -345,9 +339,9 @@ class KnowledgeStore(Store):
             query = query.where(
                 KnowledgeChunk.id.in_([i for i in sorted(ids) if i > after_id][:limit])
             )
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             return _stored((await session.execute(query)).all())
 
     async def count_chunks(self) -> int:
-        async with self._transaction() as session:
+        async with self._db.transaction() as session:
             return int(await session.scalar(select(func.count(KnowledgeChunk.id))) or 0)

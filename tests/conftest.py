@@ -106,11 +106,10 @@ def real_embedder(onnx_cache_dir: Path) -> Embedder:
 
 
 @pytest.fixture(scope="session")
-def real_engine() -> Iterator[Engine]:
+async def real_engine() -> Engine:
     from retrieval.engines.llamacpp import LlamaCppEngine, default_model_path
 
-    engine = LlamaCppEngine(default_model_path(), context_window=2048)
-    yield engine
+    return await LlamaCppEngine.loaded(default_model_path(), context_window=2048)
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,10 @@ class HashEmbedder:
     def dimension(self) -> int:
         return self._dimension
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed_now(texts)
+
+    def embed_now(self, texts: Sequence[str]) -> np.ndarray:
         self.num_calls += 1
         matrix = np.zeros((len(texts), self._dimension), dtype=np.float32)
         for row, text in enumerate(texts):
@@ -79,13 +82,16 @@ class ScriptedEngine:
     def context_window(self) -> int:
         return self._context_window
 
-    def count_tokens(self, text: str) -> int:
+    async def count_tokens(self, text: str) -> int:
         return len(text.split())
 
-    def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
-        return len(self.prompt_tokens(messages))
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        return len(self.tokens_now(messages))
 
-    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+    async def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self.tokens_now(messages)
+
+    def tokens_now(self, messages: Sequence[ChatMessage]) -> list[int]:
         # Three template tokens around each message, two for the generation prompt.
         tokens: list[int] = []
         for message in messages:
@@ -119,7 +125,7 @@ class ScriptedEngine:
         yield Completion(
             text=" ".join(pieces),
             finish_reason="length" if len(pieces) < len(reply.split(" ")) else "stop",
-            prompt_tokens=self.count_prompt_tokens(messages),
+            prompt_tokens=len(self.tokens_now(messages)),
             completion_tokens=len(pieces),
             cached_prompt_tokens=None,
         )

@@ -15,8 +15,8 @@ from litestar.testing import AsyncTestClient
 from app.access.keys import LocalModeRefusedError, RateLimiter
 from app.factory import create_app
 from app.settings import AccessSettings, Settings
-from storage.access import AccessStore
-from storage.db import create_engine, create_sessionmaker
+from storage.access import AccessRepository
+from storage.db import Database, create_engine
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 
@@ -32,7 +32,7 @@ class Keys:
 
 async def make_keys(url: str) -> Keys:
     engine = create_engine(url)
-    access = AccessStore(create_sessionmaker(engine))
+    access = AccessRepository(Database(engine))
     try:
         _, a = await access.create_key("acme", "acme app")
         _, b = await access.create_key("globex", "globex app")

@@ -15,8 +15,8 @@ import pytest
 
 from app.factory import create_app
 from app.settings import Settings
-from storage.access import AccessStore
-from storage.db import create_engine, create_sessionmaker
+from storage.access import AccessRepository
+from storage.db import Database, create_engine
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import live_server
 
@@ -61,7 +61,7 @@ def browser() -> Iterator[object]:
 async def admin_key(url: str) -> tuple[str, str]:
     engine = create_engine(url)
     try:
-        access = AccessStore(create_sessionmaker(engine))
+        access = AccessRepository(Database(engine))
         _, admin = await access.create_key("ops", "ops", is_admin=True)
         _, app_key = await access.create_key("acme", "acme app")
         return admin, app_key

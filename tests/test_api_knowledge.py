@@ -135,7 +135,7 @@ async def test_delete_removes_rows_and_vectors(client: AsyncTestClient, settings
     gone = await add_text(client, "Gone", "The office closes at six.", user_id="alice")
     user_pk = 1  # alice, the first user of a fresh database: the index scope of her own
     index = build_chroma_index(settings, HashEmbedder().dimension, "knowledge")
-    before = index.list_ids(user_pk)
+    before = await index.list_ids(user_pk)
     assert len(before) == 2
     response = await client.delete(f"/v1/knowledge/{gone['id']}")
     assert response.status_code == 204
@@ -144,7 +144,8 @@ async def test_delete_removes_rows_and_vectors(client: AsyncTestClient, settings
     assert [r["document_id"] for r in await search(client, "alice", "office closes")] == [
         keep["id"]
     ]
-    assert len(index.list_ids(user_pk)) == 1 and index.list_ids(user_pk) < before
+    after = await index.list_ids(user_pk)
+    assert len(after) == 1 and after < before
 
 
 async def test_markdown_upload_keeps_heading_paths(client: AsyncTestClient) -> None:

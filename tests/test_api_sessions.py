@@ -212,7 +212,7 @@ async def test_prefix_reuse_counts_tokens_shared_with_the_previous_prompt(
     second = (await client.post(url, json={"content": "second message"})).json()
     # Prompt 1 is [system, user]; prompt 2 is [system, user, assistant, user]: they share
     # both first messages and the opening token of the next one.
-    system_and_user = engine.count_prompt_tokens(engine.prompts[0]) - 2
+    system_and_user = await engine.count_prompt_tokens(engine.prompts[0]) - 2
     assert second["context"]["prefix_reuse"] == system_and_user + 1
     # A preview measures against the last turn's prompt without replacing it.
     preview_url = f"/v1/sessions/{session['id']}/context"

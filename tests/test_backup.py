@@ -13,9 +13,9 @@ from app.settings import Settings
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.search.memory import TurnMemory
 from storage import migrate
-from storage.db import create_engine, create_sessionmaker
+from storage.db import Database, create_engine
 from storage.models import DEFAULT_TENANT_ID
-from storage.repository import Store
+from storage.repositories import Repositories
 from tests.fakes import HashEmbedder
 from tests.live import MEMCHAT, cli_env
 from tests.test_api_sessions import create_session
@@ -36,10 +36,10 @@ async def fill(client: AsyncTestClient) -> None:
     await create_session(client, user_id="someone-else")
 
 
-async def open_store(url: str) -> tuple[Store, object]:
+async def open_store(url: str) -> tuple[Repositories, object]:
     engine = create_engine(url)
     await migrate.upgrade(engine)
-    return Store(create_sessionmaker(engine)), engine
+    return Repositories.of(Database(engine)), engine
 
 
 async def test_round_trip_between_databases_is_byte_identical(
@@ -47,7 +47,7 @@ async def test_round_trip_between_databases_is_byte_identical(
 ) -> None:
     await fill(client)
     source, source_engine = await open_store(settings.resolved_database_url())
-    exported = b"".join(await export_user(source, "alice", DEFAULT_TENANT_ID))
+    exported = b"".join(await export_user(source.sessions, "alice", DEFAULT_TENANT_ID))
     await source_engine.dispose()
     lines = exported.splitlines(keepends=True)
     assert len(lines) == 1 + 2 + 3 + 2  # header, 2 sessions, their 5 messages
@@ -55,17 +55,22 @@ async def test_round_trip_between_databases_is_byte_identical(
 
     target, target_engine = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}")
     embedder = HashEmbedder()
-    memory = TurnMemory(target, embedder, FaissIndex(tmp_path / "index", embedder.dimension))
-    assert await import_user(target, memory, lines, DEFAULT_TENANT_ID) == (2, 5, 0)
-    assert b"".join(await export_user(target, "alice", DEFAULT_TENANT_ID)) == exported
+    memory = TurnMemory(
+        target.messages,
+        target.embeddings,
+        embedder,
+        FaissIndex(tmp_path / "index", embedder.dimension),
+    )
+    assert await import_user(target.sessions, memory, lines, DEFAULT_TENANT_ID) == (2, 5, 0)
+    assert b"".join(await export_user(target.sessions, "alice", DEFAULT_TENANT_ID)) == exported
     # Imported turns are searchable in the target, and a second import changes nothing.
-    user = await target.get_user("alice", tenant_id=DEFAULT_TENANT_ID)
+    user = await target.users.get_user("alice", tenant_id=DEFAULT_TENANT_ID)
     vector = (await memory.embed(["小明 6岁"]))[0]
     hits = await memory.search(user.id, vector, 1)
-    [row] = await target.list_messages_by_id(user.id, [hits[0].id])
+    [row] = await target.messages.list_messages_by_id(user.id, [hits[0].id])
     assert row.content == "我叫小明，我今年6岁了"
-    assert await import_user(target, memory, lines, DEFAULT_TENANT_ID) == (0, 0, 2)
-    assert b"".join(await export_user(target, "alice", DEFAULT_TENANT_ID)) == exported
+    assert await import_user(target.sessions, memory, lines, DEFAULT_TENANT_ID) == (0, 0, 2)
+    assert b"".join(await export_user(target.sessions, "alice", DEFAULT_TENANT_ID)) == exported
     await target_engine.dispose()
 
 
@@ -80,12 +85,19 @@ async def test_round_trip_between_databases_is_byte_identical(
 async def test_malformed_exports_are_refused(
     content: bytes, sqlite_url: str, tmp_path: Path
 ) -> None:
-    store, engine = await open_store(sqlite_url)
+    repos, engine = await open_store(sqlite_url)
     embedder = HashEmbedder()
-    memory = TurnMemory(store, embedder, FaissIndex(tmp_path / "index", embedder.dimension))
+    memory = TurnMemory(
+        repos.messages,
+        repos.embeddings,
+        embedder,
+        FaissIndex(tmp_path / "index", embedder.dimension),
+    )
     with pytest.raises(BackupFormatError):
-        await import_user(store, memory, content.splitlines(keepends=True), DEFAULT_TENANT_ID)
-    assert await store.list_user_pks() == []
+        await import_user(
+            repos.sessions, memory, content.splitlines(keepends=True), DEFAULT_TENANT_ID
+        )
+    assert await repos.users.list_user_pks() == []
     await engine.dispose()
 
 

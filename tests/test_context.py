@@ -12,7 +12,7 @@ import pytest
 
 from retrieval.errors import ContextTooLongError
 from retrieval.prompt.budget import ContextBudget
-from retrieval.prompt.layout import ContextAssembler
+from retrieval.prompt.layout import ContextAssembler, Sections
 from retrieval.prompt.render import (
     CONTEXT_CLOSE,
     CONTEXT_OPEN,
@@ -20,18 +20,30 @@ from retrieval.prompt.render import (
     MEMORY_HEADER,
     context_block,
 )
-from retrieval.prompt.report import RecentTurn, RetrievedMemory
+from retrieval.turns import SearchHit
+from storage.records import Turn
 from tests.fakes import ScriptedEngine
+from tests.records import hit
+from tests.records import turn as stored_turn
 
 WHEN = dt.datetime(2026, 1, 5, 10, 0, tzinfo=dt.UTC)
 
 
-def memory(i: int, text: str, score: float) -> RetrievedMemory:
-    return RetrievedMemory(i, "s-old", "user", None, text, score, WHEN, None, len(text.split()))
+def memory(i: int, text: str, score: float) -> SearchHit:
+    return hit(i, text, score)
 
 
-def turn(i: int, words: int) -> RecentTurn:
-    return RecentTurn(i, "user" if i % 2 else "assistant", None, " ".join(["w"] * words), words)
+def turn(i: int, words: int) -> Turn:
+    return stored_turn(i, " ".join(["w"] * words), "user" if i % 2 else "assistant")
+
+
+async def assemble(assembler: ContextAssembler, *, budget: ContextBudget, recent=(), **sections):
+    plan = await assembler.plan(Sections(**sections), budget)
+    return await assembler.assemble(plan, recent)
+
+
+async def window_room(assembler: ContextAssembler, *, budget: ContextBudget, **sections) -> int:
+    return (await assembler.plan(Sections(**sections), budget)).window_room
 
 
 def vars_of(sections: object) -> dict[str, int]:
@@ -43,14 +55,15 @@ def words(text: str) -> int:
 
 
 @pytest.fixture
-def assembler() -> ContextAssembler:
-    return ContextAssembler(ScriptedEngine(context_window=200), "be helpful")
+async def assembler() -> ContextAssembler:
+    return await ContextAssembler.measured(ScriptedEngine(context_window=200), "be helpful")
 
 
-def test_layout_is_one_system_message_then_alternating_turns(
+async def test_layout_is_one_system_message_then_alternating_turns(
     assembler: ContextAssembler,
 ) -> None:
-    context = assembler.assemble(
+    context = await assemble(
+        assembler,
         new_message="what now",
         memories=[memory(1, "I like tea", 0.9)],
         recent=[turn(5, 3), turn(6, 3)],
@@ -65,7 +78,7 @@ def test_layout_is_one_system_message_then_alternating_turns(
     assert context.messages[-1].content == f"{block}\nwhat now"
     report = context.report
     assert report.recent_message_ids == (5, 6)
-    assert [m.message_id for m in report.memories] == [1]
+    assert [m.turn.id for m in report.memories] == [1]
     sections = report.sections
     assert sections.system == 2
     assert sections.recent == 3 + 3
@@ -77,10 +90,11 @@ def test_layout_is_one_system_message_then_alternating_turns(
     assert sum(vars_of(sections).values()) == report.prompt_tokens
 
 
-def test_a_window_that_opens_with_the_assistant_gets_an_opening_line(
+async def test_a_window_that_opens_with_the_assistant_gets_an_opening_line(
     assembler: ContextAssembler,
 ) -> None:
-    context = assembler.assemble(
+    context = await assemble(
+        assembler,
         new_message="and then?",
         memories=[],
         recent=[turn(6, 3), turn(7, 2), turn(9, 2)],
@@ -97,10 +111,14 @@ def test_a_window_that_opens_with_the_assistant_gets_an_opening_line(
     assert sum(vars_of(sections).values()) == context.report.prompt_tokens
 
 
-def test_oldest_recent_turns_are_dropped_to_fit(assembler: ContextAssembler) -> None:
+async def test_oldest_recent_turns_are_dropped_to_fit(assembler: ContextAssembler) -> None:
     recent = [turn(i, 30) for i in range(1, 8)]  # 7 x 33 tokens: far more than fits
-    context = assembler.assemble(
-        new_message="hi", memories=[], recent=recent, budget=ContextBudget(200, reply_tokens=50)
+    context = await assemble(
+        assembler,
+        new_message="hi",
+        memories=[],
+        recent=recent,
+        budget=ContextBudget(200, reply_tokens=50),
     )
     # 138 tokens of room: turns 4-7 would take 132, but a window opening with the
     # assistant's turn 4 needs the opening line too (12): 5-7 it is.
@@ -109,33 +127,37 @@ def test_oldest_recent_turns_are_dropped_to_fit(assembler: ContextAssembler) -> 
     assert context.report.prompt_tokens == 7 + 2 * 33 + (30 + 1 + 3)
 
 
-def test_memories_take_at_most_their_share_best_first(assembler: ContextAssembler) -> None:
+async def test_memories_take_at_most_their_share_best_first(assembler: ContextAssembler) -> None:
     memories = [memory(i, " ".join(["m"] * 10), 1.0 - i / 10) for i in range(1, 6)]
-    context = assembler.assemble(
+    context = await assemble(
+        assembler,
         new_message="hi",
         memories=memories,
         recent=[],
         budget=ContextBudget(200, reply_tokens=50, memory_share=0.25),
     )
     # 37 tokens: the header costs 10 + 2 and each memory line 14 + 1, so two do not fit.
-    assert [m.message_id for m in context.report.memories] == [1]
+    assert [m.turn.id for m in context.report.memories] == [1]
     assert context.report.sections.memories == 10 + 14
 
 
-def test_a_message_that_alone_exceeds_the_window_is_refused(assembler: ContextAssembler) -> None:
+async def test_a_message_that_alone_exceeds_the_window_is_refused(
+    assembler: ContextAssembler,
+) -> None:
     with pytest.raises(ContextTooLongError) as caught:
-        assembler.assemble(
-            new_message="w " * 150, memories=[], recent=[], budget=ContextBudget(200, 50)
+        await assemble(
+            assembler, new_message="w " * 150, memories=[], recent=[], budget=ContextBudget(200, 50)
         )
     assert caught.value.field == "content"
     assert "200-token context window" in caught.value.message
 
 
-def test_unstable_layout_puts_the_turns_context_in_the_system_message() -> None:
-    assembler = ContextAssembler(
+async def test_unstable_layout_puts_the_turns_context_in_the_system_message() -> None:
+    assembler = await ContextAssembler.measured(
         ScriptedEngine(context_window=200), "be helpful", stable_layout=False
     )
-    context = assembler.assemble(
+    context = await assemble(
+        assembler,
         new_message="what now",
         memories=[memory(1, "I like tea", 0.9)],
         recent=[turn(5, 3), turn(6, 3)],
@@ -152,28 +174,32 @@ def test_unstable_layout_puts_the_turns_context_in_the_system_message() -> None:
     assert sum(vars_of(sections).values()) == context.report.prompt_tokens
 
 
-def test_the_window_gets_the_shares_the_other_sections_leave_unused(
+async def test_the_window_gets_the_shares_the_other_sections_leave_unused(
     assembler: ContextAssembler,
 ) -> None:
     budget = ContextBudget(200, reply_tokens=50, knowledge_share=0.2)
     # 150 prompt tokens less the system prompt (7) and the message (2 + 3): no summary,
     # memories, knowledge or facts this turn, so their shares are the window's.
-    assert assembler.window_room(new_message="hi there", memories=[], budget=budget) == 138
+    assert await window_room(assembler, new_message="hi there", memories=[], budget=budget) == 138
     # Reserved at their full shares, they would have left it 138 - 15 - 37 - 30.
-    assert assembler.window_budget_at_full_shares(budget, [], 2) == 56
+    assert await assembler.window_budget_at_full_shares(budget, [], 2) == 56
     # A memory takes what its section actually takes: the context block it opens.
     tea = [memory(1, "I like tea", 0.9)]
     room = 138 - words(context_block([], tea, []))
-    assert assembler.window_room(new_message="hi there", memories=tea, budget=budget) == room
+    assert await window_room(assembler, new_message="hi there", memories=tea, budget=budget) == room
     # A window of exactly that room is kept whole, and the prompt is then exactly full.
     assert room == 87
     fits = [turn(1, room - 3 * 23 - 3), *(turn(i, 20) for i in range(2, 5))]
-    context = assembler.assemble(new_message="hi there", memories=tea, recent=fits, budget=budget)
+    context = await assemble(
+        assembler, new_message="hi there", memories=tea, recent=fits, budget=budget
+    )
     assert context.report.recent_message_ids == (1, 2, 3, 4)
     assert context.report.prompt_tokens == 150
     # One token more and the oldest turn no longer fits; the assistant's after it now
     # opens the window, with the opening line (12 tokens), which still fits (69 + 12).
     over = [turn(1, room - 3 * 23 - 2), *fits[1:]]
-    context = assembler.assemble(new_message="hi there", memories=tea, recent=over, budget=budget)
+    context = await assemble(
+        assembler, new_message="hi there", memories=tea, recent=over, budget=budget
+    )
     assert context.report.recent_message_ids == (2, 3, 4)
     assert context.messages[1].content == HISTORY_OPENING

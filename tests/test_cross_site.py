@@ -18,8 +18,8 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import Settings
-from storage.access import AccessStore
-from storage.db import create_engine, create_sessionmaker
+from storage.access import AccessRepository
+from storage.db import Database, create_engine
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_access import bearer, refused
@@ -30,7 +30,7 @@ FORM = {"content-type": "application/x-www-form-urlencoded"}
 async def new_key(url: str, tenant: str = "acme", *, is_admin: bool = False) -> tuple[int, str]:
     engine = create_engine(url)
     try:
-        key, secret = await AccessStore(create_sessionmaker(engine)).create_key(
+        key, secret = await AccessRepository(Database(engine)).create_key(
             tenant, tenant, is_admin=is_admin
         )
         return key.id, secret
@@ -41,7 +41,7 @@ async def new_key(url: str, tenant: str = "acme", *, is_admin: bool = False) -> 
 async def revoke(url: str, key_id: int) -> None:
     engine = create_engine(url)
     try:
-        await AccessStore(create_sessionmaker(engine)).revoke_key(key_id)
+        await AccessRepository(Database(engine)).revoke_key(key_id)
     finally:
         await engine.dispose()
 

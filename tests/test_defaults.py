@@ -8,7 +8,7 @@ import inspect
 
 from app.runtime import chat_config, knowledge_config, retrieval_config, window_config
 from app.settings import Settings
-from retrieval.chat.service import ChatConfig
+from retrieval.chat.config import ChatConfig
 from retrieval.engines.llamacpp import LlamaCppEngine
 from retrieval.engines.vllm import VllmEngine
 from retrieval.knowledge.base import KnowledgeConfig

@@ -32,8 +32,8 @@ def torch_embedder() -> Embedder:
 
 
 def test_onnx_and_torch_adapters_agree(real_embedder: Embedder, torch_embedder: Embedder) -> None:
-    onnx_vectors = real_embedder.embed(TEXTS)
-    torch_vectors = torch_embedder.embed(TEXTS)
+    onnx_vectors = real_embedder.embed_now(TEXTS)
+    torch_vectors = torch_embedder.embed_now(TEXTS)
     assert onnx_vectors.shape == torch_vectors.shape == (len(TEXTS), 384)
     assert onnx_vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(onnx_vectors, axis=1), 1.0, atol=1e-5)
@@ -44,14 +44,14 @@ def test_onnx_and_torch_adapters_agree(real_embedder: Embedder, torch_embedder: 
 
 
 def test_batches_keep_input_order(real_embedder: Embedder) -> None:
-    batch = real_embedder.embed(TEXTS)
-    one_by_one = np.stack([real_embedder.embed([t])[0] for t in TEXTS])
+    batch = real_embedder.embed_now(TEXTS)
+    one_by_one = np.stack([real_embedder.embed_now([t])[0] for t in TEXTS])
     np.testing.assert_allclose(batch, one_by_one, atol=1e-5)
-    assert real_embedder.embed([]).shape == (0, 384)
+    assert real_embedder.embed_now([]).shape == (0, 384)
 
 
 def test_similar_meaning_scores_higher(real_embedder: Embedder) -> None:
-    query, close, far = real_embedder.embed(
+    query, close, far = real_embedder.embed_now(
         ["What food am I allergic to?", "I am allergic to peanuts.", "The train leaves at nine."]
     )
     assert float(query @ close) > float(query @ far) + 0.2

@@ -6,7 +6,6 @@ slot, not the engine. Outcomes are asserted in tokens and completion order, not 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,13 +25,12 @@ def long_prompt() -> list[ChatMessage]:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[LlamaCppEngine]:
-    engine = LlamaCppEngine(default_model_path(), context_window=8192, num_slots=2)
-    yield engine
+async def engine() -> LlamaCppEngine:
+    return await LlamaCppEngine.loaded(default_model_path(), context_window=8192, num_slots=2)
 
 
-def test_the_long_prompt_is_long(engine: LlamaCppEngine) -> None:
-    assert len(engine.prompt_tokens(long_prompt())) > 4 * BATCH_TOKENS
+async def test_the_long_prompt_is_long(engine: LlamaCppEngine) -> None:
+    assert len(await engine.prompt_tokens(long_prompt())) > 4 * BATCH_TOKENS
 
 
 async def test_the_time_limit_covers_prompt_evaluation() -> None:
@@ -72,7 +70,7 @@ async def test_a_long_prompt_holds_one_slot_and_a_cancelled_turn_frees_it(
         await long_turn
     # Cancelled mid-prompt: the slot stopped evaluating and is free again.
     assert not long_slot.busy
-    assert long_slot.llama.n_tokens < len(engine.prompt_tokens(long_prompt())) - 1
+    assert long_slot.llama.n_tokens < len(await engine.prompt_tokens(long_prompt())) - 1
     both = await asyncio.gather(first_token(engine, SHORT), first_token(engine, SHORT))
     assert [c.completion_tokens for c in both] == [1, 1]
 
@@ -86,4 +84,4 @@ async def test_a_session_returns_to_the_slot_that_holds_its_prefix(
     await first_token(engine, other)
     again = await first_token(engine, [*first, ChatMessage("assistant", "Yes."), *first[1:]])
     assert again.cached_prompt_tokens is not None
-    assert again.cached_prompt_tokens >= len(engine.prompt_tokens(first)) - 2
+    assert again.cached_prompt_tokens >= len(await engine.prompt_tokens(first)) - 2

@@ -16,69 +16,69 @@ def unit(*values: float) -> np.ndarray:
 
 
 @pytest.fixture
-def index(tmp_path: Path) -> FaissIndex:
+async def index(tmp_path: Path) -> FaissIndex:
     index = FaissIndex(tmp_path / "faiss", dimension=3)
-    index.load(1)
-    index.add(1, [10, 11, 12], np.stack([unit(1, 0, 0), unit(1, 1, 0), unit(0, 0, 1)]))
-    index.add(2, [20], unit(1, 0, 0)[None, :])
+    await index.load(1)
+    await index.add(1, [10, 11, 12], np.stack([unit(1, 0, 0), unit(1, 1, 0), unit(0, 0, 1)]))
+    await index.add(2, [20], unit(1, 0, 0)[None, :])
     return index
 
 
-def test_search_ranks_by_inner_product_within_a_scope(index: FaissIndex) -> None:
-    hits = index.search(1, unit(1, 0.1, 0), k=3)
+async def test_search_ranks_by_inner_product_within_a_scope(index: FaissIndex) -> None:
+    hits = await index.search(1, unit(1, 0.1, 0), k=3)
     assert [h.id for h in hits] == [10, 11, 12]
     assert hits[0].score > hits[1].score > hits[2].score
-    assert [h.id for h in index.search(2, unit(1, 0, 0), k=5)] == [20]
-    assert index.search(3, unit(1, 0, 0), k=5) == []
+    assert [h.id for h in await index.search(2, unit(1, 0, 0), k=5)] == [20]
+    assert await index.search(3, unit(1, 0, 0), k=5) == []
 
 
-def test_exclusion_still_returns_k_results(index: FaissIndex) -> None:
-    hits = index.search(1, unit(1, 0.1, 0), k=2, exclude={10})
+async def test_exclusion_still_returns_k_results(index: FaissIndex) -> None:
+    hits = await index.search(1, unit(1, 0.1, 0), k=2, exclude={10})
     assert [h.id for h in hits] == [11, 12]
 
 
-def test_readding_an_id_replaces_its_vector(index: FaissIndex) -> None:
-    index.add(1, [12], unit(1, 0, 0)[None, :])
-    assert index.list_ids(1) == {10, 11, 12}
-    assert [h.id for h in index.search(1, unit(1, 0, 0), k=2)] in ([10, 12], [12, 10])
+async def test_readding_an_id_replaces_its_vector(index: FaissIndex) -> None:
+    await index.add(1, [12], unit(1, 0, 0)[None, :])
+    assert await index.list_ids(1) == {10, 11, 12}
+    assert [h.id for h in await index.search(1, unit(1, 0, 0), k=2)] in ([10, 12], [12, 10])
 
 
-def test_remove(index: FaissIndex) -> None:
-    index.remove(1, {10, 99})
-    assert index.list_ids(1) == {11, 12}
-    assert [h.id for h in index.search(1, unit(1, 0, 0), k=5)] == [11, 12]
+async def test_remove(index: FaissIndex) -> None:
+    await index.remove(1, {10, 99})
+    assert await index.list_ids(1) == {11, 12}
+    assert [h.id for h in await index.search(1, unit(1, 0, 0), k=5)] == [11, 12]
 
 
-def test_save_and_load_round_trip(index: FaissIndex, tmp_path: Path) -> None:
-    index.save()
+async def test_save_and_load_round_trip(index: FaissIndex, tmp_path: Path) -> None:
+    await index.save()
     reloaded = FaissIndex(tmp_path / "faiss", dimension=3)
-    result = reloaded.load(1)
+    result = await reloaded.load(1)
     assert result.status == "loaded"
     assert result.ids == {10, 11, 12}
-    assert [h.id for h in reloaded.search(1, unit(0, 0, 1), k=1)] == [12]
+    assert [h.id for h in await reloaded.search(1, unit(0, 0, 1), k=1)] == [12]
 
 
-def test_missing_and_corrupt_files_are_reported(index: FaissIndex, tmp_path: Path) -> None:
-    index.save()
+async def test_missing_and_corrupt_files_are_reported(index: FaissIndex, tmp_path: Path) -> None:
+    await index.save()
     (tmp_path / "faiss" / "scope-1.faiss").write_bytes(b"not a faiss index")
     reloaded = FaissIndex(tmp_path / "faiss", dimension=3)
-    assert reloaded.load(1).status == "corrupt"
-    assert reloaded.load(7).status == "missing"
+    assert (await reloaded.load(1)).status == "corrupt"
+    assert (await reloaded.load(7)).status == "missing"
 
 
-def test_wrong_dimension_file_is_corrupt(index: FaissIndex, tmp_path: Path) -> None:
-    index.save()
-    assert FaissIndex(tmp_path / "faiss", dimension=4).load(1).status == "corrupt"
+async def test_wrong_dimension_file_is_corrupt(index: FaissIndex, tmp_path: Path) -> None:
+    await index.save()
+    assert (await FaissIndex(tmp_path / "faiss", dimension=4).load(1)).status == "corrupt"
 
 
-def test_drop_all_removes_files(index: FaissIndex, tmp_path: Path) -> None:
-    index.save()
-    index.drop_all()
+async def test_drop_all_removes_files(index: FaissIndex, tmp_path: Path) -> None:
+    await index.save()
+    await index.drop_all()
     assert list((tmp_path / "faiss").glob("*.faiss")) == []
-    assert index.list_ids(1) == set()
+    assert await index.list_ids(1) == set()
 
 
-def test_a_file_whose_vectors_were_overwritten_is_never_trusted(tmp_path: Path) -> None:
+async def test_a_file_whose_vectors_were_overwritten_is_never_trusted(tmp_path: Path) -> None:
     """Bytes overwritten in the middle of a file, its size kept: the checksum no longer
     matches, the scope is reported corrupt (the caller rebuilds it from SQL), and the
     damaged file is replaced by the rebuilt index, never saved back as it was."""
@@ -86,8 +86,8 @@ def test_a_file_whose_vectors_were_overwritten_is_never_trusted(tmp_path: Path) 
     rng = np.random.default_rng(7)
     vectors = rng.standard_normal((2000, 64)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    index.add(1, list(range(1, 2001)), vectors)
-    index.save()
+    await index.add(1, list(range(1, 2001)), vectors)
+    await index.save()
     path = tmp_path / "faiss" / "scope-1.faiss"
     data = bytearray(path.read_bytes())
     size = len(data)
@@ -99,18 +99,18 @@ def test_a_file_whose_vectors_were_overwritten_is_never_trusted(tmp_path: Path) 
     assert path.stat().st_size == size
 
     reloaded = FaissIndex(tmp_path / "faiss", dimension=64)
-    result = reloaded.load(1)
+    result = await reloaded.load(1)
     assert (result.status, result.ids) == ("corrupt", frozenset())
-    assert reloaded.search(1, vectors[0], k=3) == []
-    reloaded.add(1, list(range(1, 2001)), vectors)  # what reconciliation adds from SQL
-    reloaded.save()
+    assert await reloaded.search(1, vectors[0], k=3) == []
+    await reloaded.add(1, list(range(1, 2001)), vectors)  # what reconciliation adds from SQL
+    await reloaded.save()
     assert bytes(data) != path.read_bytes()
     again = FaissIndex(tmp_path / "faiss", dimension=64)
-    assert again.load(1).status == "loaded"
-    assert [h.id for h in again.search(1, vectors[41], k=1)] == [42]
+    assert (await again.load(1)).status == "loaded"
+    assert [h.id for h in await again.search(1, vectors[41], k=1)] == [42]
 
 
-def test_a_file_without_a_checksum_is_rebuilt(index: FaissIndex, tmp_path: Path) -> None:
+async def test_a_file_without_a_checksum_is_rebuilt(index: FaissIndex, tmp_path: Path) -> None:
     """Files of the format before checksums are not trusted either (one rebuild)."""
     import faiss
 
@@ -118,4 +118,4 @@ def test_a_file_without_a_checksum_is_rebuilt(index: FaissIndex, tmp_path: Path)
     old = faiss.IndexIDMap2(faiss.IndexFlatIP(3))
     old.add_with_ids(unit(1, 0, 0).reshape(1, -1), np.asarray([1], dtype=np.int64))
     faiss.write_index(old, str(path))
-    assert FaissIndex(tmp_path / "faiss", dimension=3).load(5).status == "corrupt"
+    assert (await FaissIndex(tmp_path / "faiss", dimension=3).load(5)).status == "corrupt"

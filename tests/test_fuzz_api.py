@@ -18,8 +18,8 @@ from sqlalchemy import text
 from app.factory import create_app
 from app.settings import Settings
 from storage import migrate
-from storage.access import AccessStore
-from storage.db import create_engine, create_sessionmaker
+from storage.access import AccessRepository
+from storage.db import Database, create_engine
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import live_server
 
@@ -35,7 +35,7 @@ async def _migrate_with_key(url: str) -> str:
             await connection.execute(text("DROP SCHEMA public CASCADE"))
             await connection.execute(text("CREATE SCHEMA public"))
     await migrate.upgrade(engine)
-    _key, secret = await AccessStore(create_sessionmaker(engine)).create_key(
+    _key, secret = await AccessRepository(Database(engine)).create_key(
         "fuzz", "fuzz", is_admin=True, requests_per_minute=0
     )
     await engine.dispose()

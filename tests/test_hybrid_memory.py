@@ -20,9 +20,10 @@ from retrieval.search.expansion import NeighbourConfig
 from retrieval.search.indexed_text import TextRecipe
 from retrieval.search.lexical import Feedback
 from retrieval.search.memory import RetrievalConfig, TurnMemory
-from storage.db import create_engine, create_sessionmaker
+from storage.db import Database, create_engine
 from storage.models import DEFAULT_TENANT_ID
-from storage.repository import NewMessage, Store
+from storage.records import NewTurn
+from storage.repositories import Repositories
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_memory import import_history, search
@@ -45,25 +46,37 @@ BARE = replace(
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
+async def repos(database_url: str) -> AsyncIterator[Repositories]:
     engine = create_engine(database_url)
-    yield Store(create_sessionmaker(engine))
+    yield Repositories.of(Database(engine))
     await engine.dispose()
 
 
-def memory_for(store: Store, directory: Path, config: RetrievalConfig = HYBRID) -> TurnMemory:
+def memory_for(
+    repos: Repositories, directory: Path, config: RetrievalConfig = HYBRID
+) -> TurnMemory:
     embedder = HashEmbedder()
-    return TurnMemory(store, embedder, FaissIndex(directory, embedder.dimension), config)
-
-
-async def add_turns(store: Store, memory: TurnMemory, turns: list[tuple[str, str]]) -> list[int]:
-    chat, _user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
-    result = await store.add_messages(
-        chat,
-        [NewMessage(role="user", name=name, content=text, token_count=1) for name, text in turns],
+    return TurnMemory(
+        repos.messages,
+        repos.embeddings,
+        embedder,
+        FaissIndex(directory, embedder.dimension),
+        config,
     )
-    await memory.index_messages(result.messages)
-    return [m.id for m in result.messages]
+
+
+async def add_turns(
+    repos: Repositories, memory: TurnMemory, turns: list[tuple[str, str]]
+) -> list[int]:
+    chat, _user = await repos.sessions.create_session(
+        "alice", None, {}, tenant_id=DEFAULT_TENANT_ID
+    )
+    result = await repos.messages.append(
+        chat,
+        [NewTurn(role="user", name=name, content=text, token_count=1) for name, text in turns],
+    )
+    await memory.index(result.turns)
+    return [m.id for m in result.turns]
 
 
 async def ranked(memory: TurnMemory, user_pk: int, query: str, k: int = 10) -> list[int]:
@@ -71,36 +84,36 @@ async def ranked(memory: TurnMemory, user_pk: int, query: str, k: int = 10) -> l
     return [hit.id for hit in await memory.search(user_pk, vector, k, query=query)]
 
 
-async def user_pk_of(store: Store) -> int:
-    return (await store.get_user("alice", tenant_id=DEFAULT_TENANT_ID)).id
+async def user_pk_of(repos: Repositories) -> int:
+    return (await repos.users.get_user("alice", tenant_id=DEFAULT_TENANT_ID)).id
 
 
 async def test_lexical_index_is_rebuilt_from_sql_and_follows_deletes(
-    store: Store, tmp_path: Path
+    repos: Repositories, tmp_path: Path
 ) -> None:
     lexical = replace(BARE, mode="lexical", duplicate_threshold=2.0)
-    memory = memory_for(store, tmp_path / "i", lexical)
-    first = await add_turns(store, memory, [("A", "我对花生过敏"), ("B", "今天天气很好")])
-    second = await add_turns(store, memory, [("A", "花生酱很好吃"), ("B", "red car")])
-    user_pk = await user_pk_of(store)
+    memory = memory_for(repos, tmp_path / "i", lexical)
+    first = await add_turns(repos, memory, [("A", "我对花生过敏"), ("B", "今天天气很好")])
+    second = await add_turns(repos, memory, [("A", "花生酱很好吃"), ("B", "red car")])
+    user_pk = await user_pk_of(repos)
     assert await ranked(memory, user_pk, "花生") == [first[0], second[0]]
     # A new process has no lexical state: it is built from SQL on first use.
-    fresh = memory_for(store, tmp_path / "i", lexical)
+    fresh = memory_for(repos, tmp_path / "i", lexical)
     assert await ranked(fresh, user_pk, "花生") == [first[0], second[0]]
     assert await ranked(fresh, user_pk, "天气") == [first[1]]
-    session_id = (await store.list_sessions("alice", tenant_id=DEFAULT_TENANT_ID))[0][0].id
-    await fresh.forget(user_pk, await store.delete_session(session_id))
+    session_id = (await repos.sessions.list_sessions("alice", tenant_id=DEFAULT_TENANT_ID))[0][0].id
+    await fresh.forget(user_pk, await repos.sessions.delete_session(session_id))
     assert await ranked(fresh, user_pk, "花生") == [second[0]]
     assert await ranked(fresh, user_pk, "天气") == []
 
 
 @pytest.mark.parametrize("fusion", ["rrf", "zscore"])
 async def test_hybrid_fuses_dense_and_lexical_and_drops_duplicates(
-    store: Store, tmp_path: Path, fusion: str
+    repos: Repositories, tmp_path: Path, fusion: str
 ) -> None:
-    memory = memory_for(store, tmp_path / "h", replace(HYBRID, fusion=fusion))
+    memory = memory_for(repos, tmp_path / "h", replace(HYBRID, fusion=fusion))
     ids = await add_turns(
-        store,
+        repos,
         memory,
         [
             ("A", "I am allergic to peanuts"),
@@ -109,27 +122,29 @@ async def test_hybrid_fuses_dense_and_lexical_and_drops_duplicates(
             ("A", "my sister lives in Berlin"),
         ],
     )
-    user_pk = await user_pk_of(store)
+    user_pk = await user_pk_of(repos)
     # The second copy leads: its lexical text also carries the turn before it (the
     # first copy) as context. One copy is kept.
     assert await ranked(memory, user_pk, "peanut allergy") == [ids[1], ids[2], ids[3]]
     assert await ranked(memory, user_pk, "peanut allergy", k=1) == [ids[1]]
     # Without dedup both copies come back.
-    plain = memory_for(store, tmp_path / "h2", replace(HYBRID, duplicate_threshold=2.0))
+    plain = memory_for(repos, tmp_path / "h2", replace(HYBRID, duplicate_threshold=2.0))
     assert await ranked(plain, user_pk, "peanut allergy", k=3) == [ids[1], ids[2], ids[0]]
 
 
 async def test_contextual_text_finds_a_turn_by_its_neighbour_and_caption(
-    store: Store, tmp_path: Path
+    repos: Repositories, tmp_path: Path
 ) -> None:
     config = replace(BARE, mode="lexical", lexical_text=CONTEXTUAL, duplicate_threshold=2.0)
-    memory = memory_for(store, tmp_path / "c", config)
-    chat, _user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
-    result = await store.add_messages(
+    memory = memory_for(repos, tmp_path / "c", config)
+    chat, _user = await repos.sessions.create_session(
+        "alice", None, {}, tenant_id=DEFAULT_TENANT_ID
+    )
+    result = await repos.messages.append(
         chat,
         [
-            NewMessage(role="user", name="Mel", content="Did you adopt the puppy?", token_count=1),
-            NewMessage(
+            NewTurn(role="user", name="Mel", content="Did you adopt the puppy?", token_count=1),
+            NewTurn(
                 role="assistant",
                 name="Caroline",
                 content="Yes! Take a look at this",
@@ -138,25 +153,25 @@ async def test_contextual_text_finds_a_turn_by_its_neighbour_and_caption(
             ),
         ],
     )
-    ids = [m.id for m in result.messages]
-    await memory.index_messages(result.messages)
-    user_pk = await user_pk_of(store)
+    ids = [m.id for m in result.turns]
+    await memory.index(result.turns)
+    user_pk = await user_pk_of(repos)
     assert await ranked(memory, user_pk, "golden retriever") == [ids[1]]
     # The second turn carries the first as context; the first is shorter, so it leads.
     assert await ranked(memory, user_pk, "puppy") == [ids[0], ids[1]]
     assert await ranked(memory, user_pk, "Caroline") == [ids[1]]
     # A turn indexed alone reads its predecessor from SQL: "look" is only in that one,
     # and the new turn's shorter text ranks first.
-    later = await store.add_messages(
-        chat, [NewMessage(role="user", name="Mel", content="So cute", token_count=1)]
+    later = await repos.messages.append(
+        chat, [NewTurn(role="user", name="Mel", content="So cute", token_count=1)]
     )
-    await memory.index_messages(later.messages)
-    assert await ranked(memory, user_pk, "look") == [later.messages[0].id, ids[1]]
+    await memory.index(later.turns)
+    assert await ranked(memory, user_pk, "look") == [later.turns[0].id, ids[1]]
 
 
 @pytest.mark.model
 async def test_related_words_of_the_real_embedder_find_a_turn_without_the_asked_word(
-    store: Store, tmp_path: Path, real_embedder: Embedder
+    repos: Repositories, tmp_path: Path, real_embedder: Embedder
 ) -> None:
     turns = [
         ("Mel", "I practise the violin every evening"),
@@ -164,49 +179,55 @@ async def test_related_words_of_the_real_embedder_find_a_turn_without_the_asked_
         ("Mel", "Pasta for dinner again"),
     ]
     words_only = replace(BARE, mode="lexical", duplicate_threshold=2.0)
-    plain = TurnMemory(store, real_embedder, FaissIndex(tmp_path / "p", 384), words_only)
-    ids = await add_turns(store, plain, turns)
-    user_pk = await user_pk_of(store)
+    plain = TurnMemory(
+        repos.messages, repos.embeddings, real_embedder, FaissIndex(tmp_path / "p", 384), words_only
+    )
+    ids = await add_turns(repos, plain, turns)
+    user_pk = await user_pk_of(repos)
     assert await ranked(plain, user_pk, "Which instrument does she play?") == []
     related = replace(words_only, neighbours=NeighbourConfig(3, 0.5, 0.3))
-    expanded = TurnMemory(store, real_embedder, FaissIndex(tmp_path / "e", 384), related)
+    expanded = TurnMemory(
+        repos.messages, repos.embeddings, real_embedder, FaissIndex(tmp_path / "e", 384), related
+    )
     assert await ranked(expanded, user_pk, "Which instrument does she play?") == [ids[0]]
 
 
 async def test_a_windowed_turn_vector_is_the_mean_of_its_windows(
-    store: Store, tmp_path: Path
+    repos: Repositories, tmp_path: Path
 ) -> None:
     recipe = TextRecipe(speaker=True, window=4)
-    memory = memory_for(store, tmp_path / "w", replace(BARE, mode="dense", dense_text=recipe))
-    [turn_id] = await add_turns(store, memory, [("Mel", "we adopted a puppy named Rex")])
+    memory = memory_for(repos, tmp_path / "w", replace(BARE, mode="dense", dense_text=recipe))
+    [turn_id] = await add_turns(repos, memory, [("Mel", "we adopted a puppy named Rex")])
     assert memory.vector_model == "hash-64#speaker+window4"
-    [stored] = await store.list_user_vectors(await user_pk_of(store), {turn_id})
-    windows = HashEmbedder().embed(["Mel: we adopted a puppy", "Mel: named Rex"])
+    [stored] = await repos.embeddings.list_user_vectors(await user_pk_of(repos), {turn_id})
+    windows = HashEmbedder().embed_now(["Mel: we adopted a puppy", "Mel: named Rex"])
     mean = windows.mean(axis=0)
     vector = np.frombuffer(stored.vector, dtype=np.float32)
     np.testing.assert_allclose(vector, mean / np.linalg.norm(mean), atol=1e-6)
     # The FAISS index holds the same vector: "Rex" alone finds the turn at its cosine.
-    query = HashEmbedder().embed(["Mel: named Rex"])[0]
-    [hit] = await memory.search(await user_pk_of(store), query, 1)
+    query = HashEmbedder().embed_now(["Mel: named Rex"])[0]
+    [hit] = await memory.search(await user_pk_of(repos), query, 1)
     assert (hit.id, hit.score) == (turn_id, pytest.approx(float(vector @ query), abs=1e-6))
 
 
 async def test_a_changed_turn_text_is_treated_like_a_model_change(
-    store: Store, tmp_path: Path
+    repos: Repositories, tmp_path: Path
 ) -> None:
-    raw = memory_for(store, tmp_path / "m", replace(BARE, mode="dense"))
-    ids = await add_turns(store, raw, [("A", "green boat"), ("B", "red car")])
-    assert await store.list_embedding_models() == [("hash-64", 64)]
+    raw = memory_for(repos, tmp_path / "m", replace(BARE, mode="dense"))
+    ids = await add_turns(repos, raw, [("A", "green boat"), ("B", "red car")])
+    assert await repos.embeddings.list_embedding_models() == [("hash-64", 64)]
     contextual = memory_for(
-        store, tmp_path / "m", replace(BARE, mode="dense", dense_text=CONTEXTUAL)
+        repos, tmp_path / "m", replace(BARE, mode="dense", dense_text=CONTEXTUAL)
     )
     assert contextual.vector_model == "hash-64#speaker+date+caption+previous1"
     with pytest.raises(EmbeddingModelMismatchError, match="memchat reindex"):
         await contextual.check_model()
     assert await contextual.reindex_all() == 2
     await contextual.check_model()
-    assert await store.list_embedding_models() == [("hash-64#speaker+date+caption+previous1", 64)]
-    assert await ranked(contextual, await user_pk_of(store), "red car", k=1) == [ids[1]]
+    assert await repos.embeddings.list_embedding_models() == [
+        ("hash-64#speaker+date+caption+previous1", 64)
+    ]
+    assert await ranked(contextual, await user_pk_of(repos), "red car", k=1) == [ids[1]]
 
 
 def hybrid_settings(tmp_path: Path, database_url: str) -> Settings:

@@ -20,7 +20,8 @@ from app.runtime import build_knowledge
 from app.settings import IndexSettings, KnowledgeSettings, RetrievalSettings, Settings
 from retrieval.prompt.render import KNOWLEDGE_HEADER
 from retrieval.protocols import Embedder
-from storage.db import create_engine
+from storage.db import Database
+from storage.repositories import Repositories
 from tests.clients import local_client
 from tests.documents import HANDBOOK_MD
 from tests.fakes import HashEmbedder, ScriptedEngine
@@ -79,11 +80,11 @@ async def _ingest(settings: Settings) -> list[list[tuple[str, str, float]]]:
 async def test_reindex_rebuilds_chroma_from_sql(settings: Settings) -> None:
     before = await _ingest(settings)
     shutil.rmtree(settings.index_dir / "chroma")
-    engine = create_engine(settings.resolved_database_url())
+    db = Database.open(settings.resolved_database_url())
     try:
-        assert await build_knowledge(settings, engine, HashEmbedder()).rebuild() == 6
+        assert await build_knowledge(settings, Repositories.of(db), HashEmbedder()).rebuild() == 6
     finally:
-        await engine.dispose()
+        await db.dispose()
         SharedSystemClient.clear_system_cache()
     async with running(settings) as client:
         assert await results(client) == before

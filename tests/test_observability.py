@@ -278,16 +278,23 @@ async def test_a_vector_store_that_is_down_makes_the_service_not_ready(
         assert value(samples, "memchat_index_vectors", index="knowledge") == 0
 
 
-def failing_size() -> int:
+async def failing_size() -> int:
     raise IndexUnavailableError("the Chroma vector store failed: gone")
+
+
+def size_of(num_vectors: int):
+    async def size() -> int:
+        return num_vectors
+
+    return size
 
 
 async def test_an_index_size_that_cannot_be_read_is_left_out() -> None:
     metrics = ServiceMetrics()
     runtime = SimpleNamespace(
         engine=ScriptedEngine(),
-        memory=SimpleNamespace(num_vectors=lambda: 3),
-        knowledge=SimpleNamespace(num_vectors=lambda: 5),
+        memory=SimpleNamespace(num_vectors=size_of(3)),
+        knowledge=SimpleNamespace(num_vectors=size_of(5)),
     )
     samples = parse(await metrics.render(runtime))  # type: ignore[arg-type]
     assert value(samples, "memchat_index_vectors", index="turns") == 3

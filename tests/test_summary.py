@@ -10,25 +10,28 @@ import pytest
 
 from app.factory import create_app
 from app.settings import ChatSettings, KnowledgeSettings, Settings
-from retrieval.facts.memory import PinnedFact
 from retrieval.prompt.budget import ContextBudget
-from retrieval.prompt.layout import ContextAssembler
+from retrieval.prompt.layout import ContextAssembler, Sections
 from retrieval.prompt.render import FACTS_HEADER, SUMMARY_HEADER
-from retrieval.prompt.report import RecentTurn
-from retrieval.protocols import WindowTurn
-from retrieval.window.compaction import Compaction, SummaryState, WindowPolicy, plan_compaction
+from retrieval.window.compaction import Compaction, WindowPolicy, plan_compaction
 from retrieval.window.smalltalk import is_small_talk
 from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer
+from storage.records import Turn
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
+from tests.records import fact as stored_fact
+from tests.records import turn
 from tests.test_api_sessions import create_session
 
 WHEN = dt.datetime(2026, 3, 1, 9, 0, tzinfo=dt.UTC)
 
 
-def wt(seq: int, text: str, role: str | None = None) -> WindowTurn:
+def wt(seq: int, text: str, role: str | None = None) -> Turn:
     role = role or ("user" if seq % 2 else "assistant")
-    return WindowTurn(seq * 10, seq, role, None, text, len(text.split()), WHEN)
+    return turn(seq * 10, text, role, seq=seq, created_at=WHEN)
+
+
+NONE_PRUNED: frozenset[int] = frozenset()
 
 
 def words(n: int) -> str:
@@ -41,15 +44,13 @@ def one_token_overhead(tokens: int) -> int:
 
 def test_a_window_within_budget_is_left_alone() -> None:
     window = [wt(i, words(5)) for i in range(1, 5)]
-    plan = plan_compaction(window, SummaryState(), WindowPolicy(4, 2, 100, 50), one_token_overhead)
+    plan = plan_compaction(window, NONE_PRUNED, WindowPolicy(4, 2, 100, 50), one_token_overhead)
     assert (plan.evicted, plan.pruned_seqs) == ((), frozenset())
 
 
 def test_too_many_messages_leave_in_whole_chunks() -> None:
     window = [wt(i, words(1)) for i in range(1, 10)]  # 9 messages, at most 6
-    plan = plan_compaction(
-        window, SummaryState(), WindowPolicy(6, 4, 1000, 500), one_token_overhead
-    )
+    plan = plan_compaction(window, NONE_PRUNED, WindowPolicy(6, 4, 1000, 500), one_token_overhead)
     assert [t.seq for t in plan.evicted] == [1, 2, 3, 4]
     assert plan.through_seq == 4
 
@@ -57,19 +58,19 @@ def test_too_many_messages_leave_in_whole_chunks() -> None:
 def test_too_many_tokens_shed_down_to_the_low_water_mark() -> None:
     window = [wt(i, words(9)) for i in range(1, 11)]  # 10 x 10 tokens, budget 80
     policy = WindowPolicy(100, 1, token_budget=80, low_water_tokens=45)
-    plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
+    plan = plan_compaction(window, NONE_PRUNED, policy, one_token_overhead)
     assert [t.seq for t in plan.evicted] == [1, 2, 3, 4, 5, 6]  # 40 tokens left <= 45
 
 
 def test_after_a_compaction_the_window_grows_to_its_budget_before_the_next() -> None:
     policy = WindowPolicy(100, 1, token_budget=100, low_water_tokens=50)
-    state, window, compacted_at = SummaryState(), [], []
+    window: list[Turn] = []
+    compacted_at: list[int] = []
     for seq in range(1, 31):  # one 10-token message a turn
-        plan = plan_compaction(window, state, policy, one_token_overhead)
+        plan = plan_compaction(window, NONE_PRUNED, policy, one_token_overhead)
         if plan.evicted:
             compacted_at.append(seq)
-            state = SummaryState(version=state.version + 1, through_seq=plan.through_seq or 0)
-            window = [t for t in window if t.seq > state.through_seq]
+            window = [t for t in window if t.seq > (plan.through_seq or 0)]
             assert sum(t.token_count + 1 for t in window) == 50
         window.append(wt(seq, words(9)))
     # 11 messages (110 tokens) are over 100; 50 are left, and 6 more turns are over again.
@@ -87,11 +88,11 @@ def test_small_talk_is_pruned_before_anything_is_evicted() -> None:
     ]
     tokens = sum(t.token_count + 1 for t in window)
     policy = WindowPolicy(100, 1, token_budget=tokens - 5, low_water_tokens=tokens - 15)
-    plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
+    plan = plan_compaction(window, NONE_PRUNED, policy, one_token_overhead)
     # The small-talk exchange (17 tokens) goes as a whole, and that is enough.
     assert (plan.evicted, sorted(plan.pruned_seqs)) == ((), [3, 4])
     tighter = WindowPolicy(100, 1, token_budget=tokens - 5, low_water_tokens=tokens - 30)
-    plan = plan_compaction(window, SummaryState(), tighter, one_token_overhead)
+    plan = plan_compaction(window, NONE_PRUNED, tighter, one_token_overhead)
     assert sorted(plan.pruned_seqs) == [3, 4]
     assert [t.seq for t in plan.evicted] == [1, 2]  # then the oldest leave
 
@@ -102,20 +103,19 @@ def test_too_many_messages_shed_a_whole_chunk_small_talk_first() -> None:
     window[2:4] = [wt(3, "By the way, I just had lunch, a really nice ramen."), wt(4, "ok")]
     window[6:8] = [wt(7, "Thanks!"), wt(8, "ok, got it")]
     policy = WindowPolicy(8, 4, token_budget=1000, low_water_tokens=500)
-    plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
+    plan = plan_compaction(window, NONE_PRUNED, policy, one_token_overhead)
     # 10 messages, at most 8: a chunk of 4 goes, all of it small talk, not one exchange.
     assert (plan.evicted, sorted(plan.pruned_seqs)) == ((), [3, 4, 7, 8])
     # Two more messages are within the budget again.
-    state = SummaryState(version=1, pruned_seqs=plan.pruned_seqs)
     longer = [*window, wt(11, substance), wt(12, substance)]
     unchanged = Compaction(plan.pruned_seqs)
-    assert plan_compaction(longer, state, policy, one_token_overhead) == unchanged
+    assert plan_compaction(longer, plan.pruned_seqs, policy, one_token_overhead) == unchanged
 
 
 def test_the_newest_messages_are_never_pruned() -> None:
     window = [wt(1, words(20)), wt(2, "thanks!"), wt(3, "ok")]
     policy = WindowPolicy(100, 1, token_budget=10, low_water_tokens=10, keep_last=2)
-    plan = plan_compaction(window, SummaryState(), policy, one_token_overhead)
+    plan = plan_compaction(window, NONE_PRUNED, policy, one_token_overhead)
     assert [t.seq for t in plan.evicted] == [1, 2, 3] or 2 not in plan.pruned_seqs
 
 
@@ -139,7 +139,10 @@ def test_small_talk_is_told_apart_from_substance(text: str, small: bool) -> None
 
 
 async def test_extractive_summary_keeps_what_matters_and_fits_its_budget() -> None:
-    summarizer = ExtractiveSummarizer(lambda text: len(text.split()))
+    async def count(text: str) -> int:
+        return len(text.split())
+
+    summarizer = ExtractiveSummarizer(count)
     turns = [
         wt(1, "Hi there!"),
         wt(2, "Hello! How can I help?"),
@@ -185,18 +188,15 @@ async def test_llm_summarizer_feeds_long_histories_in_batches() -> None:
     assert "Summary so far:\nsummary one" in engine.prompts[1][1].content
 
 
-def test_layout_order_system_facts_summary_window_memories_new() -> None:
+async def test_layout_order_system_facts_summary_window_memories_new() -> None:
     engine = ScriptedEngine(context_window=400)
-    assembler = ContextAssembler(engine, "be helpful")
-    fact = PinnedFact(7, "The user is allergic to peanuts.", "constraint", 100, WHEN, WHEN)
-    context = assembler.assemble(
-        new_message="what now",
-        memories=[],
-        recent=[RecentTurn(5, "user", None, "hello", 1), RecentTurn(6, "assistant", None, "hi", 1)],
-        budget=ContextBudget(400, reply_tokens=50),
-        pinned=[fact],
-        summary="- [2026-03-01] user: I like tea.",
+    assembler = await ContextAssembler.measured(engine, "be helpful")
+    fact = stored_fact(7, "The user is allergic to peanuts.", priority=100, when=WHEN)
+    sections = Sections(
+        new_message="what now", pinned=[fact], summary="- [2026-03-01] user: I like tea."
     )
+    plan = await assembler.plan(sections, ContextBudget(400, reply_tokens=50))
+    context = await assembler.assemble(plan, [wt(5, "hello", "user"), wt(6, "hi", "assistant")])
     system = context.messages[0].content
     assert system.index("be helpful") < system.index(FACTS_HEADER) < system.index(SUMMARY_HEADER)
     assert system.endswith(f'{SUMMARY_HEADER}\n- "[2026-03-01] user: I like tea."')
@@ -207,11 +207,12 @@ def test_layout_order_system_facts_summary_window_memories_new() -> None:
     assert total == context.report.prompt_tokens
 
 
-def test_unused_budget_flows_to_the_recent_window() -> None:
-    assembler = ContextAssembler(ScriptedEngine(context_window=400), "be helpful")
-    recent = [RecentTurn(i, "user", None, words(20), 20) for i in range(1, 30)]
+async def test_unused_budget_flows_to_the_recent_window() -> None:
+    assembler = await ContextAssembler.measured(ScriptedEngine(context_window=400), "be helpful")
+    recent = [wt(i, words(20), "user") for i in range(1, 30)]
     budget = ContextBudget(400, reply_tokens=50, memory_share=0.25, facts_share=0.15)
-    context = assembler.assemble(new_message="hi", memories=[], recent=recent, budget=budget)
+    plan = await assembler.plan(Sections(new_message="hi"), budget)
+    context = await assembler.assemble(plan, recent)
     # No memories, facts or summary: the window takes their shares too.
     assert context.report.sections.recent > budget.available * 0.6
     assert context.report.prompt_tokens <= budget.available

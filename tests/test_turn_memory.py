@@ -10,31 +10,38 @@ import pytest
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.search.memory import TurnMemory
-from storage.db import create_engine, create_sessionmaker
+from storage.db import Database, create_engine
 from storage.models import DEFAULT_TENANT_ID
-from storage.repository import NewMessage, Store
+from storage.records import NewTurn
+from storage.repositories import Repositories
 from tests.fakes import HashEmbedder
 
 
 @pytest.fixture
-async def store(sqlite_url: str):
+async def repos(sqlite_url: str):
     engine = create_engine(sqlite_url)
-    yield Store(create_sessionmaker(engine))
+    yield Repositories.of(Database(engine))
     await engine.dispose()
 
 
-def memory_for(store: Store, directory: Path, embedder: HashEmbedder | None = None) -> TurnMemory:
+def memory_for(
+    repos: Repositories, directory: Path, embedder: HashEmbedder | None = None
+) -> TurnMemory:
     embedder = embedder or HashEmbedder()
-    return TurnMemory(store, embedder, FaissIndex(directory, embedder.dimension))
-
-
-async def add_turns(store: Store, memory: TurnMemory, texts: list[str]) -> tuple[int, list[int]]:
-    chat, user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
-    result = await store.add_messages(
-        chat, [NewMessage(role="user", content=t, token_count=len(t.split())) for t in texts]
+    return TurnMemory(
+        repos.messages, repos.embeddings, embedder, FaissIndex(directory, embedder.dimension)
     )
-    await memory.index_messages(result.messages)
-    return user.id, [m.id for m in result.messages]
+
+
+async def add_turns(
+    repos: Repositories, memory: TurnMemory, texts: list[str]
+) -> tuple[int, list[int]]:
+    chat, user = await repos.sessions.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
+    result = await repos.messages.append(
+        chat, [NewTurn(role="user", content=t, token_count=len(t.split())) for t in texts]
+    )
+    await memory.index(result.turns)
+    return user.id, [m.id for m in result.turns]
 
 
 async def top_ids(memory: TurnMemory, user_pk: int, query: str, k: int = 3) -> list[int]:
@@ -45,75 +52,77 @@ async def top_ids(memory: TurnMemory, user_pk: int, query: str, k: int = 3) -> l
 TEXTS = ["green boat on the lake", "red car in the garage", "blue bird in the tree"]
 
 
-async def test_missing_index_file_is_rebuilt_from_sql(store: Store, tmp_path: Path) -> None:
-    memory = memory_for(store, tmp_path / "a")
-    user_pk, ids = await add_turns(store, memory, TEXTS)
+async def test_missing_index_file_is_rebuilt_from_sql(repos: Repositories, tmp_path: Path) -> None:
+    memory = memory_for(repos, tmp_path / "a")
+    user_pk, ids = await add_turns(repos, memory, TEXTS)
     # Never saved: a crash before shutdown. A fresh process must still find every turn.
-    fresh = memory_for(store, tmp_path / "a")
+    fresh = memory_for(repos, tmp_path / "a")
     assert await top_ids(fresh, user_pk, "green boat", k=1) == [ids[0]]
     assert await top_ids(fresh, user_pk, "red car", k=1) == [ids[1]]
 
 
-async def test_corrupt_index_file_is_rebuilt_not_emptied(store: Store, tmp_path: Path) -> None:
-    memory = memory_for(store, tmp_path / "b")
-    user_pk, ids = await add_turns(store, memory, TEXTS)
-    memory.save()
+async def test_corrupt_index_file_is_rebuilt_not_emptied(
+    repos: Repositories, tmp_path: Path
+) -> None:
+    memory = memory_for(repos, tmp_path / "b")
+    user_pk, ids = await add_turns(repos, memory, TEXTS)
+    await memory.save()
     (tmp_path / "b" / f"scope-{user_pk}.faiss").write_bytes(b"\x00garbage")
-    fresh = memory_for(store, tmp_path / "b")
+    fresh = memory_for(repos, tmp_path / "b")
     assert await top_ids(fresh, user_pk, "blue bird", k=1) == [ids[2]]
     assert sorted(await top_ids(fresh, user_pk, "anything", k=10)) == ids
 
 
 async def test_stale_index_gets_missing_turns_and_loses_deleted_ones(
-    store: Store, tmp_path: Path
+    repos: Repositories, tmp_path: Path
 ) -> None:
-    memory = memory_for(store, tmp_path / "c")
-    user_pk, _ids = await add_turns(store, memory, TEXTS[:2])
-    memory.save()
-    chat, _ = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
-    later = await store.add_messages(
-        chat, [NewMessage(role="user", content=TEXTS[2], token_count=5)]
+    memory = memory_for(repos, tmp_path / "c")
+    user_pk, _ids = await add_turns(repos, memory, TEXTS[:2])
+    await memory.save()
+    chat, _ = await repos.sessions.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
+    later = await repos.messages.append(
+        chat, [NewTurn(role="user", content=TEXTS[2], token_count=5)]
     )
-    await memory.index_messages(later.messages)  # indexed in SQL and in memory, never saved
-    await store.delete_session(
-        (await store.list_sessions("alice", tenant_id=DEFAULT_TENANT_ID))[0][0].id
+    await memory.index(later.turns)  # indexed in SQL and in memory, never saved
+    await repos.sessions.delete_session(
+        (await repos.sessions.list_sessions("alice", tenant_id=DEFAULT_TENANT_ID))[0][0].id
     )  # drops ids[0:2]
 
-    fresh = memory_for(store, tmp_path / "c")
-    assert await top_ids(fresh, user_pk, "anything", k=10) == [later.messages[0].id]
+    fresh = memory_for(repos, tmp_path / "c")
+    assert await top_ids(fresh, user_pk, "anything", k=10) == [later.turns[0].id]
 
 
-async def test_vectors_of_another_model_are_refused(store: Store, tmp_path: Path) -> None:
-    memory = memory_for(store, tmp_path / "d")
-    await add_turns(store, memory, TEXTS)
-    other = memory_for(store, tmp_path / "d", HashEmbedder(dimension=32, model_name="other-32"))
+async def test_vectors_of_another_model_are_refused(repos: Repositories, tmp_path: Path) -> None:
+    memory = memory_for(repos, tmp_path / "d")
+    await add_turns(repos, memory, TEXTS)
+    other = memory_for(repos, tmp_path / "d", HashEmbedder(dimension=32, model_name="other-32"))
     with pytest.raises(EmbeddingModelMismatchError, match="memchat reindex"):
         await other.check_model()
     await memory.check_model()
 
 
-async def test_reindex_re_embeds_with_the_new_model(store: Store, tmp_path: Path) -> None:
-    memory = memory_for(store, tmp_path / "e")
-    user_pk, ids = await add_turns(store, memory, TEXTS)
-    memory.save()
-    other = memory_for(store, tmp_path / "e", HashEmbedder(dimension=32, model_name="other-32"))
+async def test_reindex_re_embeds_with_the_new_model(repos: Repositories, tmp_path: Path) -> None:
+    memory = memory_for(repos, tmp_path / "e")
+    user_pk, ids = await add_turns(repos, memory, TEXTS)
+    await memory.save()
+    other = memory_for(repos, tmp_path / "e", HashEmbedder(dimension=32, model_name="other-32"))
     assert await other.reindex_all() == 3
     await other.check_model()
     # The default dense text: the speaker and windows of eight words.
-    assert await store.list_embedding_models() == [("other-32#speaker+window8", 32)]
+    assert await repos.embeddings.list_embedding_models() == [("other-32#speaker+window8", 32)]
     assert await top_ids(other, user_pk, "red car", k=1) == [ids[1]]
 
 
-async def test_unembedded_messages_are_repaired(store: Store, tmp_path: Path) -> None:
-    memory = memory_for(store, tmp_path / "f")
-    chat, user = await store.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
+async def test_unembedded_messages_are_repaired(repos: Repositories, tmp_path: Path) -> None:
+    memory = memory_for(repos, tmp_path / "f")
+    chat, user = await repos.sessions.create_session("alice", None, {}, tenant_id=DEFAULT_TENANT_ID)
     # Stored but never embedded, as after a crash between the two writes.
-    result = await store.add_messages(
-        chat, [NewMessage(role="user", content=TEXTS[0], token_count=5)]
+    result = await repos.messages.append(
+        chat, [NewTurn(role="user", content=TEXTS[0], token_count=5)]
     )
     assert await memory.repair_unembedded() == 1
     assert await memory.repair_unembedded() == 0
-    assert await top_ids(memory, user.id, "green boat", k=1) == [result.messages[0].id]
-    vectors = await store.list_user_vectors(user.id)
+    assert await top_ids(memory, user.id, "green boat", k=1) == [result.turns[0].id]
+    vectors = await repos.embeddings.list_user_vectors(user.id)
     assert len(vectors) == 1
     assert np.frombuffer(vectors[0].vector, dtype=np.float32).shape == (64,)

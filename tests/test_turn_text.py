@@ -7,18 +7,18 @@ import datetime as dt
 
 from retrieval.search.indexed_text import (
     TextRecipe,
-    TurnText,
     dense_pieces,
     dense_texts,
     indexed_text,
     split_windows,
 )
+from tests.records import turn as stored_turn
 
 WHEN = dt.datetime(2023, 5, 8, 13, 56, tzinfo=dt.UTC)
 
 
 def turn(seq: int, content: str, name: str | None = "Caroline", session: str = "s1", **extra):
-    return TurnText(session, seq, "user", name, content, WHEN, **extra)
+    return stored_turn(seq, content, name=name, session_id=session, created_at=WHEN, **extra)
 
 
 def test_raw_recipe_is_the_content_alone() -> None:

@@ -66,123 +66,129 @@ VECTORS = {10: unit(1, 0, 0), 11: unit(1, 1, 0), 12: unit(0, 0, 1), 13: unit(1, 
 
 
 @pytest.fixture
-def index(make_index: Factory) -> VectorIndex:
+async def index(make_index: Factory) -> VectorIndex:
     index = make_index(3)
-    assert index.load(1).status == "missing"
-    index.add(1, list(VECTORS), np.stack(list(VECTORS.values())))
-    index.add(2, [20, 10], np.stack([unit(1, 0, 0), unit(0, 1, 0)]))
+    assert (await index.load(1)).status == "missing"
+    await index.add(1, list(VECTORS), np.stack(list(VECTORS.values())))
+    await index.add(2, [20, 10], np.stack([unit(1, 0, 0), unit(0, 1, 0)]))
     return index
 
 
-def test_search_ranks_by_inner_product_with_exact_scores(index: VectorIndex) -> None:
+async def test_search_ranks_by_inner_product_with_exact_scores(index: VectorIndex) -> None:
     query = unit(1, 0.1, 0)
-    hits = index.search(1, query, k=4)
+    hits = await index.search(1, query, k=4)
     assert [h.id for h in hits] == [10, 13, 11, 12]
     expected = [float(VECTORS[h.id] @ query) for h in hits]
     assert [h.score for h in hits] == pytest.approx(expected, abs=1e-5)
-    assert [h.id for h in index.search(1, query, k=2)] == [10, 13]
+    assert [h.id for h in await index.search(1, query, k=2)] == [10, 13]
 
 
-def test_similarities_are_exact_for_held_ids_only(index: VectorIndex) -> None:
+async def test_similarities_are_exact_for_held_ids_only(index: VectorIndex) -> None:
     query = unit(1, 1, 1)
-    found = index.similarities(1, query, [10, 12, 13, 20, 99])
+    found = await index.similarities(1, query, [10, 12, 13, 20, 99])
     # 20 is scope 2's and 99 nobody's: left out.
     assert set(found) == {10, 12, 13}
     for vector_id in found:
         assert found[vector_id] == pytest.approx(float(VECTORS[vector_id] @ query), abs=1e-5)
-    assert index.similarities(2, query, [10])[10] == pytest.approx(float(unit(0, 1, 0) @ query))
-    assert index.similarities(1, query, []) == {}
-    assert index.similarities(3, query, [10]) == {}
+    assert (await index.similarities(2, query, [10]))[10] == pytest.approx(
+        float(unit(0, 1, 0) @ query)
+    )
+    assert await index.similarities(1, query, []) == {}
+    assert await index.similarities(3, query, [10]) == {}
 
 
-def test_scopes_never_answer_each_other(index: VectorIndex) -> None:
+async def test_scopes_never_answer_each_other(index: VectorIndex) -> None:
     # Id 10 is in both scopes with different vectors; each scope answers with its own.
-    assert [h.id for h in index.search(2, unit(1, 0, 0), k=5)] == [20, 10]
-    assert index.search(2, unit(0, 1, 0), k=1)[0].id == 10
-    assert index.search(2, unit(0, 1, 0), k=1)[0].score == pytest.approx(1.0, abs=1e-5)
-    assert index.search(3, unit(1, 0, 0), k=5) == []
-    assert index.list_ids(1) == {10, 11, 12, 13}
-    assert index.list_ids(2) == {10, 20}
+    assert [h.id for h in await index.search(2, unit(1, 0, 0), k=5)] == [20, 10]
+    assert (await index.search(2, unit(0, 1, 0), k=1))[0].id == 10
+    assert (await index.search(2, unit(0, 1, 0), k=1))[0].score == pytest.approx(1.0, abs=1e-5)
+    assert await index.search(3, unit(1, 0, 0), k=5) == []
+    assert await index.list_ids(1) == {10, 11, 12, 13}
+    assert await index.list_ids(2) == {10, 20}
 
 
-def test_exclusion_still_returns_k_results(index: VectorIndex) -> None:
-    hits = index.search(1, unit(1, 0.1, 0), k=2, exclude={10, 13})
+async def test_exclusion_still_returns_k_results(index: VectorIndex) -> None:
+    hits = await index.search(1, unit(1, 0.1, 0), k=2, exclude={10, 13})
     assert [h.id for h in hits] == [11, 12]
 
 
-def test_readding_an_id_replaces_its_vector(index: VectorIndex) -> None:
-    index.add(1, [12], unit(1, 0.05, 0)[None, :])
-    assert index.list_ids(1) == {10, 11, 12, 13}
-    assert [h.id for h in index.search(1, unit(1, 0, 0), k=4)] == [10, 12, 13, 11]
+async def test_readding_an_id_replaces_its_vector(index: VectorIndex) -> None:
+    await index.add(1, [12], unit(1, 0.05, 0)[None, :])
+    assert await index.list_ids(1) == {10, 11, 12, 13}
+    assert [h.id for h in await index.search(1, unit(1, 0, 0), k=4)] == [10, 12, 13, 11]
 
 
-def test_remove_only_touches_its_scope(index: VectorIndex) -> None:
-    index.remove(1, {10, 99})
-    assert index.list_ids(1) == {11, 12, 13}
-    assert [h.id for h in index.search(1, unit(1, 0, 0), k=5)] == [13, 11, 12]
-    assert index.list_ids(2) == {10, 20}
+async def test_remove_only_touches_its_scope(index: VectorIndex) -> None:
+    await index.remove(1, {10, 99})
+    assert await index.list_ids(1) == {11, 12, 13}
+    assert [h.id for h in await index.search(1, unit(1, 0, 0), k=5)] == [13, 11, 12]
+    assert await index.list_ids(2) == {10, 20}
 
 
-def test_persist_and_reload_in_a_fresh_instance(index: VectorIndex, make_index: Factory) -> None:
-    index.save()
-    reloaded = make_index(3)
-    assert not reloaded.is_loaded(1)
-    result = reloaded.load(1)
-    assert (result.status, result.ids) == ("loaded", {10, 11, 12, 13})
-    assert reloaded.is_loaded(1)
-    assert [h.id for h in reloaded.search(1, unit(0, 0, 1), k=2)] == [12, 13]
-    assert reloaded.load(7).status == "missing"
-
-
-def test_a_scope_of_another_dimension_is_corrupt(index: VectorIndex, make_index: Factory) -> None:
-    index.save()
-    other = make_index(4)
-    assert other.load(1).status == "corrupt"
-    assert other.list_ids(1) == set()
-
-
-def test_reset_and_drop_all(index: VectorIndex) -> None:
-    index.reset(1)
-    assert index.list_ids(1) == set()
-    assert index.search(1, unit(1, 0, 0), k=3) == []
-    assert index.list_ids(2) == {10, 20}
-    index.save()
-    index.drop_all()
-    assert index.list_ids(2) == set()
-    assert index.search(2, unit(1, 0, 0), k=3) == []
-
-
-def test_drop_forgets_one_scope_in_memory_and_in_storage(
+async def test_persist_and_reload_in_a_fresh_instance(
     index: VectorIndex, make_index: Factory
 ) -> None:
-    index.add(-3, [30], unit(0, 1, 0)[None, :])
-    index.save()
-    index.drop(1)
-    index.drop(-3)
+    await index.save()
+    reloaded = make_index(3)
+    assert not reloaded.is_loaded(1)
+    result = await reloaded.load(1)
+    assert (result.status, result.ids) == ("loaded", {10, 11, 12, 13})
+    assert reloaded.is_loaded(1)
+    assert [h.id for h in await reloaded.search(1, unit(0, 0, 1), k=2)] == [12, 13]
+    assert (await reloaded.load(7)).status == "missing"
+
+
+async def test_a_scope_of_another_dimension_is_corrupt(
+    index: VectorIndex, make_index: Factory
+) -> None:
+    await index.save()
+    other = make_index(4)
+    assert (await other.load(1)).status == "corrupt"
+    assert await other.list_ids(1) == set()
+
+
+async def test_reset_and_drop_all(index: VectorIndex) -> None:
+    await index.reset(1)
+    assert await index.list_ids(1) == set()
+    assert await index.search(1, unit(1, 0, 0), k=3) == []
+    assert await index.list_ids(2) == {10, 20}
+    await index.save()
+    await index.drop_all()
+    assert await index.list_ids(2) == set()
+    assert await index.search(2, unit(1, 0, 0), k=3) == []
+
+
+async def test_drop_forgets_one_scope_in_memory_and_in_storage(
+    index: VectorIndex, make_index: Factory
+) -> None:
+    await index.add(-3, [30], unit(0, 1, 0)[None, :])
+    await index.save()
+    await index.drop(1)
+    await index.drop(-3)
     assert not index.is_loaded(1)
-    assert index.list_ids(2) == {10, 20}
-    index.save()
+    assert await index.list_ids(2) == {10, 20}
+    await index.save()
     reloaded = make_index(3)
-    assert reloaded.load(1).status == "missing"
-    assert reloaded.load(-3).status == "missing"
-    assert reloaded.load(2).ids == {10, 20}
+    assert (await reloaded.load(1)).status == "missing"
+    assert (await reloaded.load(-3)).status == "missing"
+    assert (await reloaded.load(2)).ids == {10, 20}
 
 
-def test_num_vectors_counts_the_open_scopes(index: VectorIndex, make_index: Factory) -> None:
-    assert index.num_vectors() == 6
-    index.add(1, [12], unit(1, 0.05, 0)[None, :])  # a replacement, not one more
-    index.remove(1, {10, 99})
-    assert index.num_vectors() == 5
-    index.reset(1)
-    assert index.num_vectors() == 2
-    index.save()
+async def test_num_vectors_counts_the_open_scopes(index: VectorIndex, make_index: Factory) -> None:
+    assert await index.num_vectors() == 6
+    await index.add(1, [12], unit(1, 0.05, 0)[None, :])  # a replacement, not one more
+    await index.remove(1, {10, 99})
+    assert await index.num_vectors() == 5
+    await index.reset(1)
+    assert await index.num_vectors() == 2
+    await index.save()
     reloaded = make_index(3)
-    assert reloaded.num_vectors() == 0  # nothing open yet
-    reloaded.load(2)
-    assert reloaded.num_vectors() == 2
-    reloaded.drop_all()
-    assert reloaded.num_vectors() == 0
+    assert await reloaded.num_vectors() == 0  # nothing open yet
+    await reloaded.load(2)
+    assert await reloaded.num_vectors() == 2
+    await reloaded.drop_all()
+    assert await reloaded.num_vectors() == 0
 
 
-def test_ping_reaches_the_store(index: VectorIndex) -> None:
-    assert index.ping() is None
+async def test_ping_reaches_the_store(index: VectorIndex) -> None:
+    assert await index.ping() is None

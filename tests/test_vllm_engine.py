@@ -6,6 +6,7 @@ so the order of the tests in this module matters.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -41,7 +42,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalServ
 
 @pytest.fixture
 async def engine(servers: list[LocalServer]) -> AsyncIterator[VllmEngine]:
-    vllm = VllmEngine([s.url for s in servers], connect_attempts=2, backoff_base_s=0.05)
+    vllm = await VllmEngine.connected(
+        [s.url for s in servers], connect_attempts=2, backoff_base_s=0.05
+    )
     yield vllm
     await vllm.close()
 
@@ -73,8 +76,8 @@ async def test_model_and_context_window_come_from_the_server(engine: VllmEngine)
 
 async def test_counts_equal_the_prompt_tokens_the_server_reports(engine: VllmEngine) -> None:
     messages = conversation(uuid.uuid4().hex)
-    counted = engine.count_prompt_tokens(messages)
-    assert counted == len(engine.prompt_tokens(messages))
+    counted = await engine.count_prompt_tokens(messages)
+    assert counted == len(await engine.prompt_tokens(messages))
     completion = await engine.generate(messages, GREEDY)
     assert completion.prompt_tokens == counted
     text = "我对花生过敏, peanuts!"
@@ -82,7 +85,7 @@ async def test_counts_equal_the_prompt_tokens_the_server_reports(engine: VllmEng
         f"{engine._replicas.replicas[0].url}/tokenize",
         json={"model": SERVED_MODEL, "prompt": text, "add_special_tokens": False},
     )
-    assert engine.count_tokens(text) == answer.json()["count"] > 0
+    assert await engine.count_tokens(text) == answer.json()["count"] > 0
 
 
 async def test_stream_carries_usage_and_the_next_turn_is_served_from_the_cache(
@@ -96,13 +99,13 @@ async def test_stream_carries_usage_and_the_next_turn_is_served_from_the_cache(
     assert isinstance(completion, Completion)
     assert all(isinstance(e, TextDelta) for e in events[:-1])
     assert "".join(deltas) == completion.text
-    assert completion.prompt_tokens == engine.count_prompt_tokens(first)
+    assert completion.prompt_tokens == await engine.count_prompt_tokens(first)
     assert 0 < completion.completion_tokens <= 16
     assert completion.cached_prompt_tokens == 0  # the nonce opens the prompt
 
     second = [*first, ChatMessage("assistant", completion.text), ChatMessage("user", "Why?")]
     again = await engine.generate(second, GREEDY)
-    shared = shared_prefix(engine.prompt_tokens(first), engine.prompt_tokens(second))
+    shared = shared_prefix(await engine.prompt_tokens(first), await engine.prompt_tokens(second))
     cached = again.cached_prompt_tokens
     assert cached is not None
     assert cached % BLOCK_SIZE == 0
@@ -110,7 +113,7 @@ async def test_stream_carries_usage_and_the_next_turn_is_served_from_the_cache(
 
 
 async def test_tenants_never_share_cached_prefixes(servers: list[LocalServer]) -> None:
-    engine = VllmEngine([servers[0].url], isolate_tenant_cache=True)
+    engine = await VllmEngine.connected([servers[0].url], isolate_tenant_cache=True)
     messages = conversation(uuid.uuid4().hex)
     try:
         current_route.set(Route(key="k", tenant="tenant-a"))
@@ -119,7 +122,7 @@ async def test_tenants_never_share_cached_prefixes(servers: list[LocalServer]) -
         assert (await engine.generate(messages, GREEDY)).cached_prompt_tokens == 0
         current_route.set(Route(key="k", tenant="tenant-a"))
         cached = (await engine.generate(messages, GREEDY)).cached_prompt_tokens
-        assert cached == (engine.count_prompt_tokens(messages) - 1) // BLOCK_SIZE * BLOCK_SIZE
+        assert cached == (await engine.count_prompt_tokens(messages) - 1) // BLOCK_SIZE * BLOCK_SIZE
     finally:
         await engine.close()
 
@@ -286,4 +289,4 @@ def test_replica_killed_mid_reply_gives_an_error_stores_nothing_then_fails_over(
         assert ready.json()["checks"]["engine_health"] == "ok (1/2 replicas)"
 
     with pytest.raises(EngineUnavailableError, match="no vLLM replica reachable"):
-        VllmEngine([doomed.url], connect_attempts=1)
+        asyncio.run(VllmEngine.connected([doomed.url], connect_attempts=1))

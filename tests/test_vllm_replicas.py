@@ -97,13 +97,12 @@ def sse_reply(pieces: list[str], cached: int | None, *, finish: bool = True) -> 
     return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
 
 
-def make_engine(
+async def make_engine(
     server: Server, urls: list[str], clock: Clock | None = None, **options
 ) -> VllmEngine:
-    return VllmEngine(
+    return await VllmEngine.connected(
         urls,
         transport=httpx.MockTransport(server.handle),
-        async_transport=httpx.MockTransport(server.handle),
         backoff_base_s=0.0,
         clock=clock or Clock(),
         **options,
@@ -148,7 +147,7 @@ def test_backoff_doubles_up_to_its_cap() -> None:
 
 
 async def test_stream_yields_deltas_then_the_completion_with_usage() -> None:
-    engine = make_engine(Server(), [A])
+    engine = await make_engine(Server(), [A])
     events = await collect(engine)
     assert events == [
         TextDelta("Hel"),
@@ -159,7 +158,7 @@ async def test_stream_yields_deltas_then_the_completion_with_usage() -> None:
 
 async def test_request_body_has_sampling_stop_seed_usage_and_tenant_salt() -> None:
     server = Server()
-    engine = make_engine(server, [A], isolate_tenant_cache=True)
+    engine = await make_engine(server, [A], isolate_tenant_cache=True)
     current_route.set(Route(key="7", tenant="7"))
     await collect(
         engine, SamplingParams(max_tokens=5, temperature=0, top_k=0, stop=("\n",), seed=3)
@@ -176,14 +175,14 @@ async def test_request_body_has_sampling_stop_seed_usage_and_tenant_salt() -> No
 
 
 async def test_cached_tokens_are_read_from_prompt_tokens_details() -> None:
-    engine = make_engine(Server(lambda _u, _b: sse_reply(["x"], cached=64)), [A])
+    engine = await make_engine(Server(lambda _u, _b: sse_reply(["x"], cached=64)), [A])
     assert (await collect(engine))[-1].cached_prompt_tokens == 64
 
 
 async def test_a_user_fails_over_to_the_next_replica_and_comes_back() -> None:
     server = Server()
     clock = Clock()
-    engine = make_engine(server, [A, B, C], clock, failure_threshold=1, reset_after_s=5)
+    engine = await make_engine(server, [A, B, C], clock, failure_threshold=1, reset_after_s=5)
     key = next(str(n) for n in range(100) if engine._replicas.ranked(str(n))[0].url == A)
     second = engine._replicas.ranked(key)[1].url
     current_route.set(Route(key=key))
@@ -199,7 +198,7 @@ async def test_a_user_fails_over_to_the_next_replica_and_comes_back() -> None:
 
 async def test_all_replicas_down_is_unavailable_after_the_connect_attempts() -> None:
     server = Server()
-    engine = make_engine(server, [A, B], connect_attempts=3, failure_threshold=10)
+    engine = await make_engine(server, [A, B], connect_attempts=3, failure_threshold=10)
     server.down |= {A, B}
     with pytest.raises(EngineUnavailableError, match="no vLLM replica reachable"):
         await collect(engine)
@@ -209,14 +208,14 @@ async def test_all_replicas_down_is_unavailable_after_the_connect_attempts() -> 
 @pytest.mark.parametrize(("status", "error"), [(500, EngineUnavailableError), (400, EngineError)])
 async def test_an_answered_request_is_never_retried(status: int, error: type) -> None:
     server = Server(lambda _u, _b: httpx.Response(status, text="no"))
-    engine = make_engine(server, [A, B])
+    engine = await make_engine(server, [A, B])
     with pytest.raises(error, match=f"\\({status}\\)|answered {status}"):
         await collect(engine)
     assert len(server.chat_calls) == 1
 
 
 async def test_a_stream_that_ends_early_is_unavailable_not_a_short_reply() -> None:
-    engine = make_engine(Server(lambda _u, _b: sse_reply(["Hel"], None, finish=False)), [A])
+    engine = await make_engine(Server(lambda _u, _b: sse_reply(["Hel"], None, finish=False)), [A])
     with pytest.raises(EngineUnavailableError, match="ended its stream"):
         await collect(engine)
 
@@ -227,7 +226,7 @@ async def test_a_broken_connection_mid_stream_is_unavailable() -> None:
             yield b'data: {"choices": [{"delta": {"content": "Hi"}, "finish_reason": null}]}\n\n'
             raise httpx.RemoteProtocolError("peer closed connection")
 
-    engine = make_engine(Server(lambda _u, _b: httpx.Response(200, stream=Broken())), [A])
+    engine = await make_engine(Server(lambda _u, _b: httpx.Response(200, stream=Broken())), [A])
     events = []
     with pytest.raises(EngineUnavailableError, match="broke off the reply"):
         async for event in engine.stream(MESSAGES, SamplingParams()):
@@ -239,12 +238,12 @@ async def test_a_read_timeout_is_a_timeout() -> None:
     def slow(_url: str, _body: dict) -> httpx.Response:
         raise httpx.ReadTimeout("too slow")
 
-    engine = make_engine(Server(slow), [A, B])
+    engine = await make_engine(Server(slow), [A, B])
     with pytest.raises(EngineTimeoutError):
         await collect(engine)
 
 
-def test_counts_are_additive_and_cached() -> None:
+async def test_counts_are_additive_and_cached() -> None:
     calls = []
     server = Server()
     handle = server.handle
@@ -253,17 +252,17 @@ def test_counts_are_additive_and_cached() -> None:
         calls.append(request.url.path)
         return handle(request)
 
-    engine = VllmEngine([A], transport=httpx.MockTransport(counting))
+    engine = await VllmEngine.connected([A], transport=httpx.MockTransport(counting))
     before = len(calls)
-    assert engine.count_prompt_tokens(MESSAGES) == len("Be brief.") + len("hi 你好") + 10
-    assert engine.count_prompt_tokens(MESSAGES) == 24
+    assert await engine.count_prompt_tokens(MESSAGES) == len("Be brief.") + len("hi 你好") + 10
+    assert await engine.count_prompt_tokens(MESSAGES) == 24
     assert len(calls) - before == 2  # each distinct text tokenised once
     assert engine.context_window == 4096
 
 
 async def test_health_and_prefix_cache_counters_sum_over_replicas() -> None:
     server = Server()
-    engine = make_engine(server, [A, B])
+    engine = await make_engine(server, [A, B])
     assert await engine.check_health() == "ok (2/2 replicas)"
     assert await engine.prefix_cache_counters() == (200.0, 128.0)
     server.down.add(B)

@@ -111,8 +111,8 @@ async def test_turns_on_a_strict_template(
             f"/v1/sessions/{session['id']}/context", json={"content": INJECTION}
         )
         messages = [ChatMessage(m["role"], m["content"]) for m in preview.json()["messages"]]
-        sent = engine.prompt_tokens(messages)
-        start = engine.prompt_tokens([ChatMessage("system", "x")])[0]
+        sent = await engine.prompt_tokens(messages)
+        start = (await engine.prompt_tokens([ChatMessage("system", "x")]))[0]
         raw = raw_role_markers(url, messages) if template != "gemma" else []
     # From turn 3: turn 2's prompt is mostly new (the first reply and retrieved memories).
     ratios = [t["context"]["prefix_reuse"] / t["context"]["prompt_tokens"] for t in turns[2:]]

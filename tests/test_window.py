@@ -43,7 +43,9 @@ async def test_turns_between_two_evictions_extend_the_previous_prompt(
     # whole window (its retrieved memories and new message, last, may differ).
     for turn in (1, 2, 3, 5):
         stable = engine.prompts[turn - 1][: 1 + len(windows[turn - 1])]
-        assert turns[turn]["context"]["prefix_reuse"] >= engine.count_prompt_tokens(stable) - 2
+        assert (
+            turns[turn]["context"]["prefix_reuse"] >= await engine.count_prompt_tokens(stable) - 2
+        )
     for turn in (4, 6):
         assert turns[turn]["context"]["prefix_reuse"] < turns[turn - 1]["context"]["prefix_reuse"]
 
@@ -75,7 +77,7 @@ async def test_each_prompt_extends_the_previous_one_retrieved_context_included(
     assert shown[0] and not shown[0] & shown[1] and not (shown[0] | shown[1]) & shown[2]
     # What the prompt reuses is all of the previous prompt but its reply opening.
     for turn in (1, 2):
-        previous_tokens = engine.count_prompt_tokens(prompts[turn - 1])
+        previous_tokens = await engine.count_prompt_tokens(prompts[turn - 1])
         assert turns[turn]["context"]["prefix_reuse"] >= previous_tokens - 2
 
 
@@ -129,7 +131,7 @@ async def test_a_compaction_sheds_down_to_the_low_water_mark_and_buys_many_turns
     # The section counts the messages' contents (their template tokens are `template`).
     assert turns[16]["context"]["tokens"]["recent"] == 7 * 5 + 7 * 6
     # The turn after the compaction extends the compacting turn's prompt.
-    compacting = engine.count_prompt_tokens(engine.prompts[16])
+    compacting = await engine.count_prompt_tokens(engine.prompts[16])
     assert turns[17]["context"]["prefix_reuse"] >= compacting - 2
 
 

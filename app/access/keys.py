@@ -34,7 +34,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 
 from app.settings import Settings
-from storage.access import AccessStore, KeyOwner
+from storage.access import AccessRepository, KeyOwner
 from storage.models import DEFAULT_TENANT_ID
 
 log = structlog.get_logger(__name__)
@@ -100,7 +100,7 @@ MIN_BOOTSTRAP_CHARS = 32
 
 
 async def check_local_mode(
-    access: AccessStore, host: str, bootstrap_key: str | None = None
+    access: AccessRepository, host: str, bootstrap_key: str | None = None
 ) -> bool:
     """True in local mode; refuses to serve beyond loopback without keys.
 
@@ -203,10 +203,10 @@ class AccessGate:
     def __init__(self, default_requests_per_minute: int) -> None:
         self._default_rpm = default_requests_per_minute
         self._limiter = RateLimiter()
-        self._access: AccessStore | None = None
+        self._access: AccessRepository | None = None
         self._is_local = False
 
-    def open(self, access: AccessStore, *, local_mode: bool) -> None:
+    def open(self, access: AccessRepository, *, local_mode: bool) -> None:
         """Start serving; `local_mode` is what the start found (see check_local_mode)."""
         self._access = access
         self._is_local = local_mode
@@ -219,12 +219,12 @@ class AccessGate:
     def is_local_mode(self) -> bool:
         return self._is_local
 
-    def _store(self) -> AccessStore:
+    def _store(self) -> AccessRepository:
         if self._access is None:
             raise NotAuthorizedException("the service is starting")
         return self._access
 
-    async def _still_local(self, access: AccessStore) -> bool:
+    async def _still_local(self, access: AccessRepository) -> bool:
         """Local mode lasts until the first key exists; it never begins while serving."""
         if not self._is_local:
             return False

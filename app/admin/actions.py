@@ -6,25 +6,24 @@ from __future__ import annotations
 from typing import Any
 
 from app.access.keys import Principal
-from app.api import admin_schemas as body
-from app.api.bodies import erased_body
 from retrieval.facts.memory import FactMemory
 from retrieval.maintenance import MemoryOperations
-from storage.access import AccessStore
+from storage.access import AccessRepository
+from storage.admin import ErasedUser
 from storage.errors import NotFoundError
-from storage.models import ChatSession, Fact, User
-from storage.repository import Store
+from storage.records import Fact, Session, User
+from storage.sessions import SessionRepository
 
 
 async def audit(
-    access: AccessStore, principal: Principal, action: str, target: str, **detail: Any
+    access: AccessRepository, principal: Principal, action: str, target: str, **detail: Any
 ) -> None:
     await access.record(principal.actor, action, target, detail)
 
 
 async def correct_fact(
     fact_memory: FactMemory,
-    access: AccessStore,
+    access: AccessRepository,
     principal: Principal,
     before: Fact,
     user: User,
@@ -49,10 +48,10 @@ async def correct_fact(
 
 
 async def remove_fact(
-    fact_memory: FactMemory, access: AccessStore, principal: Principal, fact_id: int
+    fact_memory: FactMemory, access: AccessRepository, principal: Principal, fact_id: int
 ) -> User:
     """An admin's deletion of a fact, audited; returns the fact's user."""
-    fact, user = await fact_memory.store.get_fact(fact_id)
+    fact, user = await fact_memory.get_fact(fact_id)
     await fact_memory.delete_fact(fact_id, principal.actor[:64])
     await audit(
         access, principal, "fact.delete", f"fact {fact_id} of user {user.id}", text=fact.text
@@ -61,23 +60,25 @@ async def remove_fact(
 
 
 async def erase(
-    operations: MemoryOperations, access: AccessStore, principal: Principal, user_pk: int
-) -> body.Erased:
+    operations: MemoryOperations, access: AccessRepository, principal: Principal, user_pk: int
+) -> ErasedUser:
     """An admin's erasure of a user, audited with what was removed."""
-    report = erased_body(await operations.erase_user(user_pk))
+    erased = await operations.erase_user(user_pk)
     await audit(
         access,
         principal,
         "user.erase",
-        f"user {user_pk} ({report.user_id!r}, tenant {report.tenant_id})",
-        removed=report.removed,
+        f"user {user_pk} ({erased.external_id!r}, tenant {erased.tenant_id})",
+        removed=erased.removed(),
     )
-    return report
+    return erased
 
 
-async def session_of_user(store: Store, user_pk: int, session_id: str) -> tuple[ChatSession, User]:
+async def session_of_user(
+    sessions: SessionRepository, user_pk: int, session_id: str
+) -> tuple[Session, User]:
     """The session, if it is this user's; another user's is as missing as none."""
-    chat, user = await store.get_session(session_id)
+    chat, user = await sessions.get_session(session_id)
     if user.id != user_pk:
         raise NotFoundError("session", session_id)
     return chat, user

@@ -23,6 +23,7 @@ from app.api import schemas
 from app.api.bodies import (
     admin_message_body,
     document_body,
+    erased_body,
     fact_body,
     search_result_body,
     session_body,
@@ -31,17 +32,19 @@ from app.api.bodies import (
 )
 from app.api.problems import problems
 from app.api.requests import strict_body
-from retrieval.chat.service import ChatService
+from retrieval.chat.search import MemorySearch
 from retrieval.facts.memory import FactMemory
-from retrieval.knowledge.base import KnowledgeBase
 from retrieval.maintenance import MemoryOperations
 from retrieval.search.memory import TurnMemory
-from retrieval.timeutil import as_utc
-from storage.access import AccessStore
+from storage.access import AccessRepository
+from storage.admin import AdminRepository
+from storage.db import Database
 from storage.facts import STATUSES
-from storage.knowledge import scope_of
-from storage.repository import Store
-from storage.summaries import SummaryStore
+from storage.knowledge import KnowledgeRepository, scope_of
+from storage.messages import MessageRepository
+from storage.sessions import SessionRepository
+from storage.summaries import SummaryRepository
+from storage.users import UserRepository
 
 UserPk = FromPath[int]
 
@@ -68,8 +71,8 @@ class AdminController(Controller):
     guards = [admin_only]  # noqa: RUF012
 
     @get("/tenants", responses=problems(401, 403, 503))
-    async def list_tenants(self, operations: NamedDependency[MemoryOperations]) -> body.TenantList:
-        rows = await operations.store.list_tenants_with_counts()
+    async def list_tenants(self, admin: NamedDependency[AdminRepository]) -> body.TenantList:
+        rows = await admin.list_tenants_with_counts()
         return body.TenantList(
             tenants=[body.Tenant(t.id, t.name, t.num_users, t.num_keys) for t in rows]
         )
@@ -77,30 +80,31 @@ class AdminController(Controller):
     @get("/users", responses=problems(401, 403, 404, 422, 503))
     async def list_users(
         self,
-        operations: NamedDependency[MemoryOperations],
-        access: NamedDependency[AccessStore],
+        admin: NamedDependency[AdminRepository],
+        access: NamedDependency[AccessRepository],
         tenant: Annotated[str | None, QueryParameter(min_length=1, max_length=64)] = None,
     ) -> body.UserList:
         """Every user, or a tenant's, with the size of their memory."""
         tenant_id = (await access.get_tenant(tenant)).id if tenant is not None else None
-        rows = await operations.store.list_users_with_counts(tenant_id)
+        rows = await admin.list_users_with_counts(tenant_id)
         return body.UserList(users=[user_body(r) for r in rows])
 
     @get("/users/{user_pk:int}", responses=problems(401, 403, 404, 503))
     async def get_user(
         self,
         user_pk: UserPk,
-        operations: NamedDependency[MemoryOperations],
+        admin: NamedDependency[AdminRepository],
+        sessions: NamedDependency[SessionRepository],
         turn_memory: NamedDependency[TurnMemory],
     ) -> body.UserDetail:
-        counts = await operations.store.get_user_counts(user_pk)
+        counts = await admin.get_user_counts(user_pk)
         user = counts.user
-        sessions = await operations.store.list_sessions(user.external_id, tenant_id=user.tenant_id)
+        found = await sessions.list_sessions(user.external_id, tenant_id=user.tenant_id)
         await turn_memory.ensure_scope(user_pk)
-        num_vectors, _num_terms = turn_memory.scope_sizes(user_pk)
+        num_vectors, _num_terms = await turn_memory.scope_sizes(user_pk)
         return body.UserDetail(
             user=user_body(counts),
-            sessions=[session_body(c, user, n) for c, n in sessions],
+            sessions=[session_body(c, user, n) for c, n in found],
             num_vectors=num_vectors,
         )
 
@@ -112,27 +116,28 @@ class AdminController(Controller):
         self,
         user_pk: UserPk,
         session_id: FromPath[str],
-        store: NamedDependency[Store],
+        sessions: NamedDependency[SessionRepository],
+        messages: NamedDependency[MessageRepository],
         after_seq: Annotated[int, QueryParameter(ge=0, le=2**31 - 1)] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> body.AdminMessageList:
         """A conversation with, for each user turn, the context it was sent with."""
-        await session_of_user(store, user_pk, session_id)
-        rows = await store.list_messages(session_id, limit=limit, after_seq=after_seq)
+        await session_of_user(sessions, user_pk, session_id)
+        rows = await messages.list_messages(session_id, limit=limit, after_seq=after_seq)
         return body.AdminMessageList(messages=[admin_message_body(r) for r in rows])
 
     @get("/users/{user_pk:int}/facts", responses=problems(401, 403, 404, 422, 503))
     async def list_facts(
         self,
         user_pk: UserPk,
-        operations: NamedDependency[MemoryOperations],
+        users: NamedDependency[UserRepository],
         fact_memory: NamedDependency[FactMemory],
         status: Annotated[Literal["active", "superseded", "deleted", "all"], QueryParameter()] = (
             "all"
         ),
     ) -> schemas.FactList:
         """The user's facts with their whole history of changes."""
-        user = await operations.store.get_user_by_pk(user_pk)
+        user = await users.get_user_by_pk(user_pk)
         statuses = STATUSES if status == "all" else (status,)
         facts, history = await fact_memory.list_facts(user.id, statuses, with_history=True)
         return schemas.FactList(
@@ -143,24 +148,27 @@ class AdminController(Controller):
     async def list_summaries(
         self,
         user_pk: UserPk,
-        store: NamedDependency[Store],
-        summaries: NamedDependency[SummaryStore],
+        users: NamedDependency[UserRepository],
+        sessions: NamedDependency[SessionRepository],
+        summaries: NamedDependency[SummaryRepository],
     ) -> body.UserSummaries:
-        user = await store.get_user_by_pk(user_pk)
-        sessions = await store.list_sessions(user.external_id, tenant_id=user.tenant_id)
+        user = await users.get_user_by_pk(user_pk)
         found = []
-        for chat, _num in sessions:
+        for chat, _num in await sessions.list_sessions(user.external_id, tenant_id=user.tenant_id):
             rows = await summaries.list_summaries(chat.id)
             found.append(body.SessionSummaries(chat.id, [summary_body(r) for r in rows]))
         return body.UserSummaries(sessions=found)
 
     @get("/users/{user_pk:int}/knowledge", responses=problems(401, 403, 404, 503))
     async def list_knowledge(
-        self, user_pk: UserPk, knowledge: NamedDependency[KnowledgeBase]
+        self,
+        user_pk: UserPk,
+        users: NamedDependency[UserRepository],
+        documents: NamedDependency[KnowledgeRepository],
     ) -> schemas.KnowledgeDocumentList:
         """The user's own documents (their tenant's shared ones are not theirs to erase)."""
-        user = await knowledge.store.get_user_by_pk(user_pk)
-        rows = await knowledge.store.list_documents(scope_of(user.tenant_id, user.id))
+        user = await users.get_user_by_pk(user_pk)
+        rows = await documents.list_documents(scope_of(user.tenant_id, user.id))
         return schemas.KnowledgeDocumentList(
             documents=[document_body(d, user.external_id) for d in rows]
         )
@@ -174,14 +182,14 @@ class AdminController(Controller):
         self,
         user_pk: UserPk,
         request: Request[Any, Any, Any],
-        store: NamedDependency[Store],
-        chat_service: NamedDependency[ChatService],
+        users: NamedDependency[UserRepository],
+        memory_search: NamedDependency[MemorySearch],
     ) -> schemas.SearchResponse:
         """What the user's memory answers to a query, with each hit's score."""
         data = await strict_body(request, body.AdminSearch)
-        user = await store.get_user_by_pk(user_pk)
+        user = await users.get_user_by_pk(user_pk)
         kinds = data.kinds or ["turn", "fact", "knowledge"]
-        hits = await chat_service.search_all(user, data.query, data.k, None, kinds)
+        hits = await memory_search.search(user, data.query, data.k, None, kinds)
         return schemas.SearchResponse(results=[search_result_body(h) for h in hits])
 
     @patch("/facts/{fact_id:int}", responses=problems(400, 401, 403, 404, 422, 503))
@@ -190,12 +198,12 @@ class AdminController(Controller):
         fact_id: FromPath[int],
         request: Request[Any, Any, Any],
         fact_memory: NamedDependency[FactMemory],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> schemas.Fact:
         """Correct a fact's text, pin or unpin it, or change its priority."""
         data = await strict_body(request, schemas.FactUpdate)
-        before, user = await fact_memory.store.get_fact(fact_id)
+        before, user = await fact_memory.get_fact(fact_id)
         fact = await correct_fact(
             fact_memory,
             access,
@@ -213,7 +221,7 @@ class AdminController(Controller):
         self,
         fact_id: FromPath[int],
         fact_memory: NamedDependency[FactMemory],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> None:
         await remove_fact(fact_memory, access, principal, fact_id)
@@ -223,11 +231,11 @@ class AdminController(Controller):
         self,
         user_pk: UserPk,
         operations: NamedDependency[MemoryOperations],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> body.Erased:
         """Erase the user: every row in SQL and every vector, then what was removed."""
-        return await erase(operations, access, principal, user_pk)
+        return erased_body(await erase(operations, access, principal, user_pk))
 
     @post(
         "/users/{user_pk:int}/reindex",
@@ -238,7 +246,7 @@ class AdminController(Controller):
         self,
         user_pk: UserPk,
         operations: NamedDependency[MemoryOperations],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> body.Reindexed:
         done = await operations.reindex_user(user_pk)
@@ -256,7 +264,7 @@ class AdminController(Controller):
     async def reindex_all(
         self,
         operations: NamedDependency[MemoryOperations],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> body.Reindexed:
         """Re-embed every turn and knowledge chunk (long on big stores; requests wait)."""
@@ -274,13 +282,13 @@ class AdminController(Controller):
     @get("/stats", responses=problems(401, 403, 503))
     async def statistics(
         self,
-        operations: NamedDependency[MemoryOperations],
+        admin: NamedDependency[AdminRepository],
+        db: NamedDependency[Database],
         deployment: NamedDependency[Deployment],
     ) -> body.Statistics:
-        store = operations.store
         return body.Statistics(
-            rows=await store.count_rows(),
-            database_bytes=await store.database_bytes(),
+            rows=await admin.count_rows(),
+            database_bytes=await db.size_bytes(),
             index_kind=deployment.index_kind,
             index_bytes=directory_bytes(deployment.index_dir),
             embedder=deployment.embedder,
@@ -290,7 +298,7 @@ class AdminController(Controller):
     @get("/audit", responses=problems(401, 403, 422, 503))
     async def audit_log(
         self,
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
         before_id: Annotated[int | None, QueryParameter(ge=1, le=2**62)] = None,
     ) -> body.AuditLog:
@@ -298,7 +306,7 @@ class AdminController(Controller):
         rows = await access.list_audit(limit=limit, before_id=before_id)
         return body.AuditLog(
             entries=[
-                body.AuditEntry(e.id, as_utc(e.at), e.actor, e.action, e.target, dict(e.detail))
+                body.AuditEntry(e.id, e.at, e.actor, e.action, e.target, dict(e.detail))
                 for e in rows
             ]
         )

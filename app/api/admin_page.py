@@ -7,7 +7,7 @@ sign-in is asked.
 
 Every form carries a token tied to the browser's session (in local mode, to a random
 cookie of its own): a page elsewhere cannot read it, so it cannot post a form that is
-taken (`app.access.guard` also refuses posts from other origins). Redirects after a
+taken (`app.api.guard` also refuses posts from other origins). Redirects after a
 form go to paths of this page only.
 """
 
@@ -32,14 +32,17 @@ from markupsafe import Markup
 
 from app.access.keys import ADMIN_SESSION_COOKIE, AccessGate, Principal, admin_only
 from app.admin.actions import correct_fact, erase, remove_fact, session_of_user
-from retrieval.chat.service import ChatService
+from retrieval.chat.search import MemorySearch
 from retrieval.errors import InvalidInputError
 from retrieval.facts.memory import FactMemory
 from retrieval.maintenance import MemoryOperations
-from storage.access import AccessStore
+from storage.access import AccessRepository
+from storage.admin import AdminRepository
+from storage.db import Database
 from storage.facts import STATUSES
-from storage.repository import Store
-from storage.summaries import SummaryStore
+from storage.messages import MessageRepository
+from storage.sessions import SessionRepository
+from storage.summaries import SummaryRepository
 
 Form = Body(media_type=RequestEncodingType.URL_ENCODED)
 CSRF_COOKIE = "memchat_csrf"
@@ -183,14 +186,14 @@ class AdminPageController(Controller):
     async def home(
         self,
         request: Request[Any, Any, Any],
-        operations: NamedDependency[MemoryOperations],
+        admin: NamedDependency[AdminRepository],
+        db: NamedDependency[Database],
         principal: NamedDependency[Principal],
         tenant: Annotated[str | None, QueryParameter(max_length=64)] = None,
     ) -> Template:
-        store = operations.store
-        tenants = await store.list_tenants_with_counts()
+        tenants = await admin.list_tenants_with_counts()
         chosen = next((t for t in tenants if t.name == tenant), None)
-        users = await store.list_users_with_counts(chosen.id if chosen else None)
+        users = await admin.list_users_with_counts(chosen.id if chosen else None)
         return page(
             request,
             "home",
@@ -199,8 +202,8 @@ class AdminPageController(Controller):
                 "tenants": tenants,
                 "tenant": chosen,
                 "users": users,
-                "rows": await store.count_rows(),
-                "database_bytes": await store.database_bytes(),
+                "rows": await admin.count_rows(),
+                "database_bytes": await db.size_bytes(),
             },
         )
 
@@ -209,20 +212,21 @@ class AdminPageController(Controller):
         self,
         request: Request[Any, Any, Any],
         user_pk: FromPath[int],
-        operations: NamedDependency[MemoryOperations],
+        admin: NamedDependency[AdminRepository],
+        sessions: NamedDependency[SessionRepository],
         fact_memory: NamedDependency[FactMemory],
-        chat_service: NamedDependency[ChatService],
+        memory_search: NamedDependency[MemorySearch],
         principal: NamedDependency[Principal],
         q: Annotated[str | None, QueryParameter(max_length=2000)] = None,
     ) -> Template:
-        counts = await operations.store.get_user_counts(user_pk)
+        counts = await admin.get_user_counts(user_pk)
         user = counts.user
-        sessions = await operations.store.list_sessions(user.external_id, tenant_id=user.tenant_id)
+        listed = await sessions.list_sessions(user.external_id, tenant_id=user.tenant_id)
         facts, history = await fact_memory.list_facts(user.id, STATUSES, with_history=True)
         hits = []
         if q and q.strip():
             kinds = ["turn", "fact", "knowledge"]
-            hits = await chat_service.search_all(user, q, 10, None, kinds)
+            hits = await memory_search.search(user, q, 10, None, kinds)
         return page(
             request,
             "user",
@@ -230,7 +234,7 @@ class AdminPageController(Controller):
                 "principal": principal,
                 "counts": counts,
                 "user": user,
-                "sessions": sessions,
+                "sessions": listed,
                 "facts": facts,
                 "history": history,
                 "query": q or "",
@@ -244,18 +248,19 @@ class AdminPageController(Controller):
         request: Request[Any, Any, Any],
         user_pk: FromPath[int],
         session_id: FromPath[str],
-        store: NamedDependency[Store],
+        sessions: NamedDependency[SessionRepository],
+        messages: NamedDependency[MessageRepository],
         fact_memory: NamedDependency[FactMemory],
-        summaries: NamedDependency[SummaryStore],
+        summaries: NamedDependency[SummaryRepository],
         principal: NamedDependency[Principal],
     ) -> Template:
         """A conversation beside the facts and summaries derived from it; each user turn
         shows the memories, knowledge and facts it was sent with."""
-        chat, user = await session_of_user(store, user_pk, session_id)
-        messages = await store.list_messages(session_id, limit=10_000, after_seq=0)
-        memory_ids = {i for m in messages for i in (m.context_note_ids or [])}
-        memories = {m.id: m for m in await store.list_messages_by_id(user.id, sorted(memory_ids))}
-        message_ids = {m.id for m in messages}
+        chat, user = await session_of_user(sessions, user_pk, session_id)
+        turns = await messages.list_messages(session_id, limit=10_000, after_seq=0)
+        memory_ids = {i for m in turns for i in (m.context_note_ids or [])}
+        memories = {m.id: m for m in await messages.list_messages_by_id(user.id, memory_ids)}
+        message_ids = {m.id for m in turns}
         facts, history = await fact_memory.list_facts(user.id, STATUSES, with_history=True)
         derived = [f for f in facts if message_ids & set(f.source_message_ids or [])]
         return page(
@@ -265,7 +270,7 @@ class AdminPageController(Controller):
                 "principal": principal,
                 "user": user,
                 "chat": chat,
-                "messages": messages,
+                "messages": turns,
                 "memories": memories,
                 "facts": derived,
                 "history": history,
@@ -277,7 +282,7 @@ class AdminPageController(Controller):
     async def audit_log(
         self,
         request: Request[Any, Any, Any],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> Template:
         entries = await access.list_audit(limit=200)
@@ -290,11 +295,11 @@ class AdminPageController(Controller):
         fact_id: FromPath[int],
         data: Annotated[dict[str, str], Form],
         fact_memory: NamedDependency[FactMemory],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> Redirect:
         check_csrf(request, data)
-        before, user = await fact_memory.store.get_fact(fact_id)
+        before, user = await fact_memory.get_fact(fact_id)
         text = data.get("text")
         priority = _priority(data.get("priority"))
         pinned = {"pin": True, "unpin": False}.get(data.get("action", ""))
@@ -317,7 +322,7 @@ class AdminPageController(Controller):
         fact_id: FromPath[int],
         data: Annotated[dict[str, str], Form],
         fact_memory: NamedDependency[FactMemory],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> Redirect:
         check_csrf(request, data)
@@ -331,7 +336,7 @@ class AdminPageController(Controller):
         user_pk: FromPath[int],
         data: Annotated[dict[str, str], Form],
         operations: NamedDependency[MemoryOperations],
-        access: NamedDependency[AccessStore],
+        access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
     ) -> Redirect:
         check_csrf(request, data)

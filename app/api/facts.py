@@ -18,7 +18,7 @@ from app.api.schemas import USER_ID_PATTERN
 from app.api.tenancy import check_fact
 from retrieval.facts.memory import FactMemory
 from storage.facts import STATUSES
-from storage.repository import Store
+from storage.users import UserRepository
 
 API_ACTOR = "api"
 UserIdPath = Annotated[str, Parameter(min_length=1, max_length=255, pattern=USER_ID_PATTERN)]
@@ -32,7 +32,7 @@ class FactController(Controller):
     async def list_facts(
         self,
         user_id: UserIdPath,
-        store: NamedDependency[Store],
+        users: NamedDependency[UserRepository],
         fact_memory: NamedDependency[FactMemory],
         principal: NamedDependency[Principal],
         include: Annotated[Literal["history"] | None, QueryParameter()] = None,
@@ -40,7 +40,7 @@ class FactController(Controller):
             "active"
         ),
     ) -> schemas.FactList:
-        user = await store.get_user(user_id, tenant_id=principal.tenant_id)
+        user = await users.get_user(user_id, tenant_id=principal.tenant_id)
         statuses = STATUSES if status == "all" else (status,)
         with_history = include == "history"
         facts, history = await fact_memory.list_facts(user.id, statuses, with_history=with_history)
@@ -60,12 +60,12 @@ class FactController(Controller):
         self,
         user_id: UserIdPath,
         request: Request[Any, Any, Any],
-        store: NamedDependency[Store],
+        users: NamedDependency[UserRepository],
         fact_memory: NamedDependency[FactMemory],
         principal: NamedDependency[Principal],
     ) -> schemas.Fact:
         data = await strict_body(request, schemas.FactCreate)
-        user = await store.ensure_user(user_id, tenant_id=principal.tenant_id)
+        user = await users.ensure_user(user_id, tenant_id=principal.tenant_id)
         fact = await fact_memory.add_fact(
             user.id,
             data.text,
@@ -85,12 +85,12 @@ class FactController(Controller):
         fact_memory: NamedDependency[FactMemory],
         principal: NamedDependency[Principal],
     ) -> schemas.Fact:
-        check_fact(principal, *await fact_memory.store.get_fact(fact_id))
+        check_fact(principal, *await fact_memory.get_fact(fact_id))
         data = await strict_body(request, schemas.FactUpdate)
         fact = await fact_memory.update_fact(
             fact_id, text=data.text, is_pinned=data.pinned, priority=data.priority, actor=API_ACTOR
         )
-        _fact, user = await fact_memory.store.get_fact(fact.id)
+        _fact, user = await fact_memory.get_fact(fact.id)
         return fact_body(fact, user.external_id)
 
     @delete(
@@ -102,5 +102,5 @@ class FactController(Controller):
         fact_memory: NamedDependency[FactMemory],
         principal: NamedDependency[Principal],
     ) -> None:
-        check_fact(principal, *await fact_memory.store.get_fact(fact_id))
+        check_fact(principal, *await fact_memory.get_fact(fact_id))
         await fact_memory.delete_fact(fact_id, API_ACTOR)

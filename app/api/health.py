@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
 from litestar import Response, get
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
@@ -30,8 +29,8 @@ def healthz() -> schemas.Health:
 async def _database(runtime: Runtime) -> str:
     """The database answers and takes a write (a full disk fails only writes)."""
     try:
-        await runtime.store.ping()
-        await runtime.store.check_writable()
+        await runtime.db.ping()
+        await runtime.db.check_writable()
     except StorageError as exc:
         return f"error: {exc}"
     return "ok"
@@ -52,10 +51,10 @@ def _disk(directory: Path, min_free_bytes: int) -> str:
     return f"ok ({mib} MiB free)"
 
 
-async def _index(ping: Callable[[], None]) -> str:
+async def _index(ping: Callable[[], Awaitable[None]]) -> str:
     """A vector index's store answers (Chroma: a heartbeat; FAISS is in process)."""
     try:
-        await anyio.to_thread.run_sync(ping)
+        await ping()
     except IndexUnavailableError as exc:
         return f"error: {exc}"
     return "ok"

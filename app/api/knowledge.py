@@ -25,12 +25,12 @@ from app.api.bodies import document_body
 from app.api.errors import BadBodyError
 from app.api.problems import problems
 from app.api.requests import convert_strict, strict_body
+from app.api.tenancy import document_of
 from retrieval.errors import InvalidInputError, UnsupportedDocumentError
 from retrieval.knowledge.base import KnowledgeBase, Upload
 from retrieval.knowledge.files import read_upload
-from storage.errors import NotFoundError
-from storage.knowledge import PROCESSING, scope_of
-from storage.models import KnowledgeDocument
+from storage.knowledge import PROCESSING, KnowledgeRepository, scope_of
+from storage.users import UserRepository
 
 FORM_FIELDS = frozenset({"file", "title", "user_id", "metadata"})
 
@@ -79,28 +79,29 @@ class KnowledgeController(Controller):
     @get("/", responses=problems(400, 422, 503))
     async def list_documents(
         self,
-        knowledge: NamedDependency[KnowledgeBase],
+        users: NamedDependency[UserRepository],
+        documents: NamedDependency[KnowledgeRepository],
         principal: NamedDependency[Principal],
         user_id: Annotated[str | None, QueryParameter(min_length=1, max_length=255)] = None,
     ) -> schemas.KnowledgeDocumentList:
         """A user's own documents, or the shared ones when `user_id` is absent."""
         user_pk = None
         if user_id is not None:
-            user = await knowledge.store.get_user_or_none(user_id, tenant_id=principal.tenant_id)
+            user = await users.get_user_or_none(user_id, tenant_id=principal.tenant_id)
             if user is None:
                 return schemas.KnowledgeDocumentList(documents=[])
             user_pk = user.id
-        rows = await knowledge.store.list_documents(scope_of(principal.tenant_id, user_pk))
+        rows = await documents.list_documents(scope_of(principal.tenant_id, user_pk))
         return schemas.KnowledgeDocumentList(documents=[document_body(d, user_id) for d in rows])
 
     @get("/{document_id:str}", responses=problems(404, 503))
     async def get_document(
         self,
         document_id: FromPath[str],
-        knowledge: NamedDependency[KnowledgeBase],
+        documents: NamedDependency[KnowledgeRepository],
         principal: NamedDependency[Principal],
     ) -> schemas.KnowledgeDocument:
-        document, owner = await _document_of(knowledge, principal, document_id)
+        document, owner = await document_of(documents, principal, document_id)
         return document_body(document, owner)
 
     @delete("/{document_id:str}", responses=problems(404, 503))
@@ -108,21 +109,12 @@ class KnowledgeController(Controller):
         self,
         document_id: FromPath[str],
         knowledge: NamedDependency[KnowledgeBase],
+        documents: NamedDependency[KnowledgeRepository],
         principal: NamedDependency[Principal],
     ) -> None:
         """Removes the document, its chunks and their vectors."""
-        await _document_of(knowledge, principal, document_id)
+        await document_of(documents, principal, document_id)
         await knowledge.delete(document_id)
-
-
-async def _document_of(
-    knowledge: KnowledgeBase, principal: Principal, document_id: str
-) -> tuple[KnowledgeDocument, str | None]:
-    """The document, if it is the caller's tenant's; another's is as missing as none."""
-    document, owner = await knowledge.store.get_document(document_id)
-    if document.tenant_id != principal.tenant_id:
-        raise NotFoundError("document", document_id)
-    return document, owner
 
 
 async def _json_upload(request: Request[Any, Any, Any], tenant_id: int) -> Upload:

@@ -13,10 +13,11 @@ from app.api import schemas
 from app.api.bodies import search_result_body
 from app.api.problems import problems
 from app.api.requests import strict_body
-from app.api.tenancy import session_of
-from retrieval.chat.service import ChatService
+from retrieval.chat.search import MemorySearch
+from retrieval.chat.sessions import session_of_tenant
 from storage.errors import NotFoundError
-from storage.repository import Store
+from storage.sessions import SessionRepository
+from storage.users import UserRepository
 
 
 class MemoryController(Controller):
@@ -27,19 +28,20 @@ class MemoryController(Controller):
     async def search(
         self,
         request: Request[Any, Any, Any],
-        store: NamedDependency[Store],
-        chat_service: NamedDependency[ChatService],
+        users: NamedDependency[UserRepository],
+        sessions: NamedDependency[SessionRepository],
+        memory_search: NamedDependency[MemorySearch],
         principal: NamedDependency[Principal],
     ) -> schemas.SearchResponse:
         """Past turns (`kind: turn`, the default) and key facts (`kind: fact`) of one user,
         ranked together by similarity to the query."""
         data = await strict_body(request, schemas.SearchRequest)
-        user = await store.get_user(data.user_id, tenant_id=principal.tenant_id)
+        user = await users.get_user(data.user_id, tenant_id=principal.tenant_id)
         if data.session_id is not None:
-            _chat, owner = await session_of(store, principal, data.session_id)
-            if owner.id != user.id:
+            state = await session_of_tenant(sessions, data.session_id, principal.tenant_id)
+            if state.user.id != user.id:
                 # Another user's session is as unknown to this user as a missing one.
                 raise NotFoundError("session", data.session_id)
         kinds = data.kinds or ["turn"]
-        hits = await chat_service.search_all(user, data.query, data.k, data.session_id, kinds)
+        hits = await memory_search.search(user, data.query, data.k, data.session_id, kinds)
         return schemas.SearchResponse(results=[search_result_body(hit) for hit in hits])

@@ -89,10 +89,10 @@ class SectionTokens(Struct):
     knowledge: int
 
 
-class KnowledgeUsed(Struct):
-    """A knowledge-base chunk in the prompt, shown under its document's title."""
+class KnowledgeResult(Struct, tag_field="kind", tag="knowledge"):
+    """A chunk of a knowledge-base document (`id` is the chunk's): in a turn's context,
+    shown under its document's title, and among search results."""
 
-    kind: str
     id: int
     document_id: str
     title: str
@@ -125,7 +125,7 @@ class ContextReport(Struct):
     summary_version: int
     summary_through_seq: int
     pruned_message_ids: list[int]
-    knowledge: list[KnowledgeUsed]
+    knowledge: list[KnowledgeResult]
 
 
 class Usage(Struct):
@@ -192,17 +192,6 @@ class FactResult(Struct, tag_field="kind", tag="fact"):
     score: float
     created_at: dt.datetime
     source_message_ids: list[int]
-
-
-class KnowledgeResult(Struct, tag_field="kind", tag="knowledge"):
-    """A chunk of a knowledge-base document (`id` is the chunk's)."""
-
-    id: int
-    document_id: str
-    title: str
-    heading_path: str
-    text: str
-    score: float
 
 
 class SearchResponse(Struct):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 import msgspec
@@ -19,13 +19,18 @@ from app.api.bodies import message_body, report_body, session_body, summary_body
 from app.api.errors import problem_body
 from app.api.problems import problems
 from app.api.requests import instant, strict_body
-from app.api.tenancy import session_of
 from retrieval.chat.events import TurnEvent, TurnResult
-from retrieval.chat.service import ChatService
+from retrieval.chat.history import HistoryImport
+from retrieval.chat.preview import ContextPreview
+from retrieval.chat.sessions import ChatSessions, session_of_tenant
+from retrieval.chat.turn import ChatTurn
 from retrieval.errors import EngineError
 from retrieval.protocols import SamplingParams, TextDelta
-from retrieval.turns import ImportedMessage, StoredTurn
-from storage.repository import Store
+from storage.messages import MessageRepository
+from storage.records import NewTurn
+from storage.sessions import SessionRepository
+from storage.summaries import SummaryRepository
+from storage.users import UserRepository
 
 
 class SamplingDefaults(msgspec.Struct, frozen=True):
@@ -53,78 +58,76 @@ class SessionController(Controller):
     async def create_session(
         self,
         request: Request[Any, Any, Any],
-        store: NamedDependency[Store],
-        chat_service: NamedDependency[ChatService],
+        chat_sessions: NamedDependency[ChatSessions],
         principal: NamedDependency[Principal],
     ) -> schemas.Session:
         data = await strict_body(request, schemas.SessionCreate)
-        chat_service.check_metadata(data.metadata)
-        chat, user = await store.create_session(
-            data.user_id, data.title, dict(data.metadata), tenant_id=principal.tenant_id
+        chat, user = await chat_sessions.create(
+            data.user_id, data.title, data.metadata, tenant_id=principal.tenant_id
         )
         return session_body(chat, user, 0)
 
     @get("/", responses=problems(400, 422, 503))
     async def list_sessions(
         self,
-        store: NamedDependency[Store],
+        users: NamedDependency[UserRepository],
+        sessions: NamedDependency[SessionRepository],
         principal: NamedDependency[Principal],
         user_id: Annotated[
             str, QueryParameter(min_length=1, max_length=255, pattern=schemas.USER_ID_PATTERN)
         ],
     ) -> schemas.SessionList:
-        user = await store.get_user_or_none(user_id, tenant_id=principal.tenant_id)
+        user = await users.get_user_or_none(user_id, tenant_id=principal.tenant_id)
         if user is None:
             return schemas.SessionList(sessions=[])
-        rows = await store.list_sessions(user_id, tenant_id=principal.tenant_id)
+        rows = await sessions.list_sessions(user_id, tenant_id=principal.tenant_id)
         return schemas.SessionList(sessions=[session_body(c, user, n) for c, n in rows])
 
     @get("/{session_id:str}", responses=problems(404, 503))
     async def get_session(
         self,
         session_id: FromPath[str],
-        store: NamedDependency[Store],
+        sessions: NamedDependency[SessionRepository],
         principal: NamedDependency[Principal],
     ) -> schemas.Session:
-        chat, user = await session_of(store, principal, session_id)
-        return session_body(chat, user, await store.count_messages(session_id))
+        state = await session_of_tenant(sessions, session_id, principal.tenant_id)
+        return session_body(state.session, state.user, await sessions.count_messages(session_id))
 
     @delete("/{session_id:str}", status_code=HTTP_204_NO_CONTENT, responses=problems(404, 503))
     async def delete_session(
         self,
         session_id: FromPath[str],
-        store: NamedDependency[Store],
-        chat_service: NamedDependency[ChatService],
+        chat_sessions: NamedDependency[ChatSessions],
         principal: NamedDependency[Principal],
     ) -> None:
-        await session_of(store, principal, session_id)
-        await chat_service.delete_session(session_id)
+        await chat_sessions.delete(session_id, tenant_id=principal.tenant_id)
 
     @get("/{session_id:str}/summaries", responses=problems(404, 503))
     async def list_summaries(
         self,
         session_id: FromPath[str],
-        store: NamedDependency[Store],
-        chat_service: NamedDependency[ChatService],
+        sessions: NamedDependency[SessionRepository],
+        summaries: NamedDependency[SummaryRepository],
         principal: NamedDependency[Principal],
     ) -> schemas.SummaryList:
         """Every version of the session's rolling summary, oldest first; the last is current."""
-        await session_of(store, principal, session_id)
-        rows = await chat_service.list_summaries(session_id)
+        await session_of_tenant(sessions, session_id, principal.tenant_id)
+        rows = await summaries.list_summaries(session_id)
         return schemas.SummaryList(summaries=[summary_body(r) for r in rows])
 
     @get("/{session_id:str}/messages", responses=problems(400, 404, 422, 503))
     async def list_messages(
         self,
         session_id: FromPath[str],
-        store: NamedDependency[Store],
+        sessions: NamedDependency[SessionRepository],
+        messages: NamedDependency[MessageRepository],
         principal: NamedDependency[Principal],
         after_seq: Annotated[int, QueryParameter(ge=0, le=2**31 - 1)] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> schemas.MessageList:
-        await session_of(store, principal, session_id)
-        rows = await store.list_messages(session_id, limit=limit, after_seq=after_seq)
-        return schemas.MessageList(messages=[message_body(StoredTurn.from_row(r)) for r in rows])
+        await session_of_tenant(sessions, session_id, principal.tenant_id)
+        rows = await messages.list_messages(session_id, limit=limit, after_seq=after_seq)
+        return schemas.MessageList(messages=[message_body(r) for r in rows])
 
     @post(
         "/{session_id:str}/messages",
@@ -142,18 +145,17 @@ class SessionController(Controller):
         self,
         session_id: FromPath[str],
         request: Request[Any, Any, Any],
-        chat_service: NamedDependency[ChatService],
+        turns: NamedDependency[ChatTurn],
         sampling: NamedDependency[SamplingDefaults],
-        store: NamedDependency[Store],
         principal: NamedDependency[Principal],
     ) -> Response[schemas.Turn] | ServerSentEvent:
-        await session_of(store, principal, session_id)
         data = await strict_body(request, schemas.MessageCreate)
         params = sampling.params_for(data)
+        tenant = principal.tenant_id
         if not data.stream:
-            result = await chat_service.complete_turn(session_id, data.content, params)
+            result = await turns.complete(session_id, data.content, params, tenant_id=tenant)
             return Response(turn_body(result))
-        events = chat_service.run_turn(session_id, data.content, params)
+        events = turns.run(session_id, data.content, params, tenant_id=tenant)
         # Bad input and unknown sessions fail here, as plain HTTP errors, before the stream.
         await anext(events)
         return ServerSentEvent(_sse(events, session_id))
@@ -167,26 +169,22 @@ class SessionController(Controller):
         self,
         session_id: FromPath[str],
         request: Request[Any, Any, Any],
-        chat_service: NamedDependency[ChatService],
-        store: NamedDependency[Store],
+        history: NamedDependency[HistoryImport],
         principal: NamedDependency[Principal],
     ) -> schemas.HistoryImported:
-        await session_of(store, principal, session_id)
         data = await strict_body(request, schemas.HistoryImport)
-        imported, skipped = await chat_service.import_history(
-            session_id,
-            [
-                ImportedMessage(
-                    role=m.role,
-                    content=m.content,
-                    name=m.name,
-                    created_at=instant(m.created_at, f"messages[{i}].created_at"),
-                    external_id=m.external_id,
-                    image_caption=m.image_caption,
-                )
-                for i, m in enumerate(data.messages)
-            ],
-        )
+        messages = [
+            NewTurn(
+                role=m.role,
+                content=m.content,
+                name=m.name,
+                created_at=instant(m.created_at, f"messages[{i}].created_at"),
+                external_id=m.external_id,
+                image_caption=m.image_caption,
+            )
+            for i, m in enumerate(data.messages)
+        ]
+        imported, skipped = await history.run(session_id, messages, tenant_id=principal.tenant_id)
         return schemas.HistoryImported(imported=imported, skipped=skipped)
 
     @post(
@@ -198,15 +196,15 @@ class SessionController(Controller):
         self,
         session_id: FromPath[str],
         request: Request[Any, Any, Any],
-        chat_service: NamedDependency[ChatService],
+        previews: NamedDependency[ContextPreview],
         sampling: NamedDependency[SamplingDefaults],
-        store: NamedDependency[Store],
         principal: NamedDependency[Principal],
     ) -> schemas.ContextPreview:
-        await session_of(store, principal, session_id)
         data = await strict_body(request, schemas.ContextRequest)
         params = SamplingParams(max_tokens=data.max_tokens or sampling.max_tokens)
-        assembled = await chat_service.preview_context(session_id, data.content, params)
+        assembled = await previews.preview(
+            session_id, data.content, params, tenant_id=principal.tenant_id
+        )
         return schemas.ContextPreview(
             messages=[schemas.PromptMessage(m.role, m.content) for m in assembled.messages],
             context=report_body(assembled.report),
@@ -214,7 +212,7 @@ class SessionController(Controller):
 
 
 async def _sse(
-    events: AsyncIterator[TurnEvent], session_id: str
+    events: AsyncGenerator[TurnEvent], session_id: str
 ) -> AsyncIterator[ServerSentEventMessage]:
     """`token` events, then one `done` with the non-streamed body, or one `error`."""
     try:

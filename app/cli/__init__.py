@@ -16,6 +16,8 @@ from app.cli.database import migrate_database
 from app.cli.engine import add_engine_commands
 from app.cli.keys import add_key_commands
 from app.settings import Settings
+from storage.db import Database
+from storage.repositories import Repositories
 
 
 def configure_logging(level: str) -> None:
@@ -62,33 +64,29 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _check_access(settings: Settings) -> None:
     from app.access.keys import bootstrap_key, check_local_mode
-    from storage.access import AccessStore
-    from storage.db import create_engine, create_sessionmaker
+    from storage.access import AccessRepository
 
-    engine = create_engine(settings.resolved_database_url())
+    db = Database.open(settings.resolved_database_url())
     try:
-        await check_local_mode(
-            AccessStore(create_sessionmaker(engine)), settings.host, bootstrap_key(settings)
-        )
+        await check_local_mode(AccessRepository(db), settings.host, bootstrap_key(settings))
     finally:
-        await engine.dispose()
+        await db.dispose()
 
 
 async def _reindex(settings: Settings) -> tuple[int, int]:
-    from app.runtime import build_knowledge, build_memory, load_embedder
-    from storage.db import create_engine, create_sessionmaker
-    from storage.repository import Store
+    from app.adapters import load_embedder
+    from app.runtime import build_knowledge, build_memory
 
-    engine = create_engine(settings.resolved_database_url())
+    db = Database.open(settings.resolved_database_url())
     try:
-        store = Store(create_sessionmaker(engine))
-        embedder = load_embedder(settings)
-        memory = build_memory(settings, store, embedder)
+        repositories = Repositories.of(db)
+        embedder = await load_embedder(settings)
+        memory = build_memory(settings, repositories, embedder)
         num_messages = await memory.reindex_all()
-        num_chunks = await build_knowledge(settings, engine, embedder).rebuild()
+        num_chunks = await build_knowledge(settings, repositories, embedder).rebuild()
         return num_messages, num_chunks
     finally:
-        await engine.dispose()
+        await db.dispose()
 
 
 def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
@@ -103,16 +101,14 @@ def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _export(settings: Settings, user_id: str, tenant_name: str, output: str) -> int:
     from app.cli.backup import export_user
-    from storage.access import AccessStore
-    from storage.db import create_engine, create_sessionmaker
 
-    engine = create_engine(settings.resolved_database_url())
+    db = Database.open(settings.resolved_database_url())
     try:
-        store = AccessStore(create_sessionmaker(engine))
-        tenant = await store.get_tenant(tenant_name)
-        lines = list(await export_user(store, user_id, tenant.id))
+        repositories = Repositories.of(db)
+        tenant = await repositories.access.get_tenant(tenant_name)
+        lines = list(await export_user(repositories.sessions, user_id, tenant.id))
     finally:
-        await engine.dispose()
+        await db.dispose()
     if output == "-":
         sys.stdout.buffer.writelines(lines)
     else:
@@ -129,20 +125,19 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _import(settings: Settings, lines: list[bytes], tenant_name: str) -> tuple[int, int, int]:
+    from app.adapters import load_embedder
     from app.cli.backup import import_user
-    from app.runtime import build_memory, load_embedder
-    from storage.access import AccessStore
-    from storage.db import create_engine, create_sessionmaker
+    from app.runtime import build_memory
 
-    engine = create_engine(settings.resolved_database_url())
+    db = Database.open(settings.resolved_database_url())
     try:
-        store = AccessStore(create_sessionmaker(engine))
-        tenant = await store.ensure_tenant(tenant_name)
-        memory = build_memory(settings, store, load_embedder(settings))
+        repositories = Repositories.of(db)
+        tenant = await repositories.access.ensure_tenant(tenant_name)
+        memory = build_memory(settings, repositories, await load_embedder(settings))
         await memory.check_model()
-        return await import_user(store, memory, lines, tenant.id)
+        return await import_user(repositories.sessions, memory, lines, tenant.id)
     finally:
-        await engine.dispose()
+        await db.dispose()
 
 
 def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
@@ -213,7 +208,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings()
     configure_logging(settings.log_level)
     return int(args.run(settings, args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

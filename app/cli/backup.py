@@ -16,9 +16,8 @@ from typing import Any, Literal
 import msgspec
 
 from retrieval.search.memory import TurnMemory
-from retrieval.timeutil import as_utc
-from storage.models import ChatSession
-from storage.repository import RestoredMessage, Store
+from storage.records import NewTurn, Session
+from storage.sessions import SessionRepository
 
 FORMAT = "memchat-export"
 VERSION = 1
@@ -59,33 +58,15 @@ class BackupFormatError(ValueError):
     """An import file that is not a memchat export."""
 
 
-async def export_user(store: Store, user_id: str, tenant_id: int) -> Iterator[bytes]:
+async def export_user(sessions: SessionRepository, user_id: str, tenant_id: int) -> Iterator[bytes]:
     """The user's memory as JSON lines (each ending with a newline)."""
-    sessions = await store.list_user_sessions(user_id, tenant_id=tenant_id)
+    found = await sessions.list_user_sessions(user_id, tenant_id=tenant_id)
     lines = [_encoder.encode(Header(FORMAT, VERSION, user_id))]
-    for chat, messages in sessions:
-        lines.append(
-            _encoder.encode(
-                SessionRecord(
-                    chat.id, chat.title, chat.metadata_json or {}, as_utc(chat.created_at)
-                )
-            )
-        )
+    for chat, turns in found:
+        record = SessionRecord(chat.id, chat.title, chat.metadata_json or {}, chat.created_at)
+        lines.append(_encoder.encode(record))
         lines.extend(
-            _encoder.encode(
-                MessageRecord(
-                    session_id=m.session_id,
-                    seq=m.seq,
-                    role=m.role,  # type: ignore[arg-type]
-                    name=m.name,
-                    content=m.content,
-                    created_at=as_utc(m.created_at),
-                    external_id=m.external_id,
-                    token_count=m.token_count,
-                    image_caption=m.image_caption,
-                )
-            )
-            for m in messages
+            _encoder.encode(msgspec.convert(t, MessageRecord, from_attributes=True)) for t in turns
         )
     return (line + b"\n" for line in lines)
 
@@ -123,32 +104,18 @@ def _decode(number: int, line: bytes) -> Record:
 
 
 async def import_user(
-    store: Store, memory: TurnMemory, lines: Iterable[bytes], tenant_id: int
+    sessions: SessionRepository, memory: TurnMemory, lines: Iterable[bytes], tenant_id: int
 ) -> tuple[int, int, int]:
     """Restore an export; returns (sessions restored, messages restored, sessions skipped)."""
-    user_id, sessions = parse_export(lines)
+    user_id, exported = parse_export(lines)
     num_sessions = num_messages = num_skipped = 0
-    for record, messages in sessions:
-        chat = ChatSession(
-            id=record.id,
-            title=record.title,
-            metadata_json=record.metadata,
-            created_at=record.created_at,
-        )
-        restored = await store.restore_session(
+    for record, messages in exported:
+        chat = Session(record.id, 0, record.title, record.metadata, record.created_at)
+        restored = await sessions.restore_session(
             user_id,
             chat,
             [
-                RestoredMessage(
-                    seq=m.seq,
-                    role=m.role,
-                    content=m.content,
-                    created_at=m.created_at,
-                    token_count=m.token_count,
-                    name=m.name,
-                    external_id=m.external_id,
-                    image_caption=m.image_caption,
-                )
+                NewTurn(**{k: v for k, v in msgspec.structs.asdict(m).items() if k != "session_id"})
                 for m in messages
             ],
             tenant_id=tenant_id,
@@ -156,8 +123,8 @@ async def import_user(
         if restored is None:
             num_skipped += 1
             continue
-        await memory.index_messages(restored)
+        await memory.index(restored, fresh=True)
         num_sessions += 1
         num_messages += len(restored)
-    memory.save()
+    await memory.save()
     return num_sessions, num_messages, num_skipped

@@ -1,4 +1,5 @@
-"""`memchat engine prepare|serve`: the local vLLM server on the CPU (see app/vllm_local.py)."""
+"""`memchat engine prepare|serve`: the local vLLM server on the CPU (see
+app/vllm_server/local.py)."""
 
 from __future__ import annotations
 

@@ -13,21 +13,21 @@ from typing import Any, TypeVar
 
 from app.cli.database import migrate_database
 from app.settings import Settings
-from storage.access import AccessStore
-from storage.db import create_engine, create_sessionmaker
+from storage.access import AccessRepository
+from storage.db import Database
 from storage.errors import NotFoundError
 
 T = TypeVar("T")
 
 
-def _with_access(settings: Settings, action: Callable[[AccessStore], Awaitable[T]]) -> T:
+def _with_access(settings: Settings, action: Callable[[AccessRepository], Awaitable[T]]) -> T:
     async def run() -> T:
         await migrate_database(settings, "head")
-        engine = create_engine(settings.resolved_database_url())
+        db = Database.open(settings.resolved_database_url())
         try:
-            return await action(AccessStore(create_sessionmaker(engine)))
+            return await action(AccessRepository(db))
         finally:
-            await engine.dispose()
+            await db.dispose()
 
     return asyncio.run(run())
 

@@ -1,19 +1,18 @@
 """The service's own Prometheus metrics: chat turns, index sizes and HTTP requests.
 
 Everything lives in one registry per app (never the global one: tests build many apps).
-Turns are observed as they finish (ChatService's `on_turn`); index sizes are read at
+Turns are observed as they finish (ChatTurn's `on_turn`); index sizes are read at
 scrape time from what the process has open, so a scrape costs no SQL; requests are
 counted by `app.observability.requests`, by route template, so label values stay bounded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
-import anyio
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -154,9 +153,9 @@ class ServiceMetrics:
     def count_request(self, method: str, route: str, status: int) -> None:
         self.http_requests.labels(method=method, route=route, status=str(status)).inc()
 
-    async def _set_index_size(self, index: str, num_vectors: Callable[[], int]) -> None:
+    async def _set_index_size(self, index: str, num_vectors: Callable[[], Awaitable[int]]) -> None:
         try:
-            value = await anyio.to_thread.run_sync(num_vectors)
+            value = await num_vectors()
         except IndexUnavailableError as exc:
             # An unknown size is left out rather than published as a stale number.
             log.warning("index_size_unavailable", index=index, error=str(exc))

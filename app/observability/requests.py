@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 from litestar import Litestar
+from litestar.enums import ScopeType
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,7 +55,7 @@ class RequestContext:
         self._metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await self._app(scope, receive, send)
             return
         request_id = request_id_from(scope)
@@ -68,7 +69,7 @@ class RequestContext:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [*message.get("headers", ()), (HEADER, request_id.encode())]
-                message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+                message = {**message, "headers": headers}
             await send(message)
 
         with structlog.contextvars.bound_contextvars(request_id=request_id):

@@ -26,7 +26,7 @@ def convert(gguf: Path, output: Path) -> None:
     config.dtype = torch.bfloat16
     plain = type(loaded)(config)
     plain.load_state_dict(loaded.state_dict())
-    plain.to(torch.bfloat16).save_pretrained(output)
+    plain.bfloat16().save_pretrained(output)
     tokenizer.save_pretrained(output)
     if not tokenizer.chat_template:
         raise SystemExit(f"{gguf} carries no chat template")

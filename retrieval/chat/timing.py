@@ -16,15 +16,15 @@ from dataclasses import dataclass
 class TurnTimings:
     """Seconds spent in each stage of one chat turn.
 
-    Embedding runs beside reading the session and its window, so `embed_s` is the
-    embedder's own time, not what it added to the turn. `search_s` covers the turn and
-    knowledge searches and reading their rows; `assemble_s` is the rest of building the
-    context (pinned facts, keeping the window within budget, which may summarise, the
-    prompt and its tokens). `ttft_s` runs from handing the prompt to the engine to its
-    first text (None when the reply has no text); `generation_s` from handing the prompt
-    to the engine's last event, so it includes `ttft_s`. `total_s` runs from admitting
-    the turn (waiting for the session's lock included) to its result, storing and
-    indexing both messages included.
+    Embedding runs after reading the session and its window (it needs the window's
+    turns for the message's dense text), so `embed_s` is the embedder's time.
+    `search_s` covers the turn and knowledge searches and reading their rows;
+    `assemble_s` is the rest of building the context (pinned facts, keeping the window
+    within budget, which may summarise, the prompt and its tokens). `ttft_s` runs from
+    handing the prompt to the engine to its first text (None when the reply has no
+    text); `generation_s` from handing the prompt to the engine's last event, so it
+    includes `ttft_s`. `total_s` runs from admitting the turn (waiting for the session's
+    lock included) to its result, storing and indexing both messages included.
     """
 
     embed_s: float

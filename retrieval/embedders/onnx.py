@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -151,7 +152,11 @@ class OnnxEmbedder:
     def dimension(self) -> int:
         return self._dimension
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """In a worker thread: the model's own threads do the work, the loop goes on."""
+        return await anyio.to_thread.run_sync(self.embed_now, list(texts))
+
+    def embed_now(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self._dimension), dtype=np.float32)
         # Batches of similar length waste little on padding; the order is restored after.

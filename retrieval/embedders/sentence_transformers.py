@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import anyio
 import numpy as np
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -61,7 +62,11 @@ class SentenceTransformerEmbedder:
     def dimension(self) -> int:
         return self._dimension
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """In a worker thread: the model's own threads do the work, the loop goes on."""
+        return await anyio.to_thread.run_sync(self.embed_now, list(texts))
+
+    def embed_now(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self._dimension), dtype=np.float32)
         with self._lock:

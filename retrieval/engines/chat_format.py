@@ -15,7 +15,7 @@ cached per-text counts instead of a tokenisation of the whole prompt.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from retrieval.protocols import ChatMessage
@@ -53,8 +53,8 @@ _HOLDER = "\ufffc"
 WORD_JOINER = "\u2060"
 
 
-def template_markers(
-    render: Callable[[Sequence[ChatMessage]], str], accepts_system: bool
+async def template_markers(
+    render: Callable[[Sequence[ChatMessage]], Awaitable[str]], accepts_system: bool
 ) -> frozenset[str]:
     """The markers a template writes between messages, from a rendering of a probe chat
     whose contents are placeholders."""
@@ -64,7 +64,7 @@ def template_markers(
         ChatMessage("assistant", _HOLDER),
         ChatMessage("user", _HOLDER),
     ]
-    pieces = render(fold_system(probe, accepts_system)).split(_HOLDER)
+    pieces = (await render(fold_system(probe, accepts_system))).split(_HOLDER)
     return frozenset(marker for piece in pieces for marker in _MARKER.findall(piece))
 
 
@@ -88,10 +88,10 @@ def prepare(
     return fold_system(cleaned, accepts_system)
 
 
-def renders(render: Callable[[Sequence[ChatMessage]], object]) -> bool:
+async def renders(render: Callable[[Sequence[ChatMessage]], Awaitable[object]]) -> bool:
     """Whether a template takes a system message before a user message."""
     try:
-        render([ChatMessage("system", "x"), ChatMessage("user", "x")])
+        await render([ChatMessage("system", "x"), ChatMessage("user", "x")])
     except Exception:  # a template's own refusal: jinja2 or the server raise their own kinds
         return False
     return True
@@ -105,37 +105,37 @@ class MessageOverhead:
     per_role: dict[str, int]
     fixed: int
     opens_with_system: bool
-    count_text: Callable[[str], int]
+    count_text: Callable[[str], Awaitable[int]]
 
     @classmethod
-    def measure(
+    async def measure(
         cls,
-        full_count: Callable[[Sequence[ChatMessage]], int],
-        count_text: Callable[[str], int],
+        full_count: Callable[[Sequence[ChatMessage]], Awaitable[int]],
+        count_text: Callable[[str], Awaitable[int]],
         *,
         opens_with_system: bool,
     ) -> MessageOverhead | None:
         """The overheads of chats that open with a system message (or, for a template
         without a system role, with a user message), or None when the template's count
         is not additive for them."""
-        one = count_text("x")
+        one = await count_text("x")
         user, assistant = ChatMessage("user", "x"), ChatMessage("assistant", "x")
         lead = [ChatMessage("system", "x"), user] if opens_with_system else [user]
-        base = full_count(lead)
-        with_reply = full_count([*lead, assistant])
+        base = await full_count(lead)
+        with_reply = await full_count([*lead, assistant])
         per_role = {
             "assistant": with_reply - base - one,
-            "user": full_count([*lead, assistant, user]) - with_reply - one,
+            "user": await full_count([*lead, assistant, user]) - with_reply - one,
             "system": 0,
         }
         fixed = base - per_role["user"] - len(lead) * one
         overhead = cls(per_role, fixed, opens_with_system, count_text)
         probe = PROBE if opens_with_system else fold_system(PROBE, accepts_system=False)
-        if overhead.count(probe) != full_count(probe):
+        if await overhead.count(probe) != await full_count(probe):
             return None
         return overhead
 
-    def count(self, messages: Sequence[ChatMessage]) -> int | None:
+    async def count(self, messages: Sequence[ChatMessage]) -> int | None:
         """The prompt's token count, or None where only a full count is exact (a chat of
         another shape than the one measured: templates add a default system message
         when none opens the chat, and some treat a later one apart)."""
@@ -145,6 +145,7 @@ class MessageOverhead:
             return None
         if any(m.role == "system" for m in messages[1:]):
             return None
+        contents = [await self.count_text(m.content) for m in messages]
         return self.fixed + sum(
-            self.per_role[m.role] + self.count_text(m.content) for m in messages
+            self.per_role[m.role] + n for m, n in zip(messages, contents, strict=True)
         )

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from retrieval.engines.chat_format import MessageOverhead, prepare, renders, template_markers
 from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
@@ -124,17 +126,34 @@ class LlamaCppEngine:
         # Turns repeat the same texts (system prompt, recent window, template pieces): tokenise
         # each once. Entries are small (a tuple of ints per distinct text).
         cache = functools.lru_cache
-        self._tokenize_text = cache(maxsize=16_384)(self._tokenize_text)  # type: ignore[method-assign]
-        self._tokenize_template = cache(maxsize=256)(self._tokenize_template)  # type: ignore[method-assign]
-        self._accepts_system = renders(self._render_raw)
-        self._markers = template_markers(self._render_raw, self._accepts_system)
-        self._overhead = MessageOverhead.measure(
-            self._full_count, self.count_tokens, opens_with_system=self._accepts_system
-        )
+        self._tokenize_text = cache(maxsize=16_384)(self._text_tokens)
+        self._tokenize_template = cache(maxsize=256)(self._template_tokens)
+        self._accepts_system = True
+        self._markers: frozenset[str] = frozenset()
+        self._overhead: MessageOverhead | None = None
         self._model_name = model_name or model_path.stem
         self._timeout_s = timeout_s
         self._slot_freed = asyncio.Condition()
         self._num_acquired = 0
+
+    @classmethod
+    async def loaded(cls, model_path: Path, **options: Any) -> LlamaCppEngine:
+        """The engine with its model loaded (in a worker thread) and its template measured."""
+        engine = await anyio.to_thread.run_sync(lambda: cls(model_path, **options))
+        await engine.start()
+        return engine
+
+    async def start(self) -> None:
+        """Whether the template takes a system message, its markers, its overheads."""
+
+        async def render(messages: Sequence[ChatMessage]) -> str:
+            return self._render_raw(messages)
+
+        self._accepts_system = await renders(render)
+        self._markers = await template_markers(render, self._accepts_system)
+        self._overhead = await MessageOverhead.measure(
+            self._full_count, self.count_tokens, opens_with_system=self._accepts_system
+        )
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -157,23 +176,26 @@ class LlamaCppEngine:
     def num_slots(self) -> int:
         return len(self._slots)
 
-    def count_tokens(self, text: str) -> int:
+    async def count_tokens(self, text: str) -> int:
+        """In-process and cached: microseconds, inline."""
         return len(self._tokenize_text(text))
 
-    def _full_count(self, messages: Sequence[ChatMessage]) -> int:
-        return len(self.prompt_tokens(messages))
+    async def _full_count(self, messages: Sequence[ChatMessage]) -> int:
+        return len(self.tokens_now(messages))
 
     def _render_raw(self, messages: Sequence[ChatMessage]) -> str:
-        response = self._formatter(
-            messages=[{"role": m.role, "content": m.content} for m in messages]
-        )
+        chat: list[Any] = [{"role": m.role, "content": m.content} for m in messages]
+        response = self._formatter(messages=chat)
         return str(response.prompt)
 
     def render_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt text the template makes of a chat (see `counting.prepare`)."""
+        """The prompt text the template makes of a chat (see `chat_format.prepare`)."""
         return self._render_raw(prepare(messages, self._accepts_system, self._markers))
 
-    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+    async def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self.tokens_now(messages)
+
+    def tokens_now(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The prompt's tokens, with special tokens parsed only where the template puts them.
 
         Message contents are tokenised as plain text, so a user who writes `<|im_end|>`
@@ -198,16 +220,16 @@ class LlamaCppEngine:
                 tokens += self._tokenize_template(piece, position == 0)
         return tokens
 
-    def _tokenize_text(self, text: str) -> tuple[int, ...]:
+    def _text_tokens(self, text: str) -> tuple[int, ...]:
         return tuple(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
-    def _tokenize_template(self, piece: str, is_first: bool) -> tuple[int, ...]:
+    def _template_tokens(self, piece: str, is_first: bool) -> tuple[int, ...]:
         return tuple(self._llama.tokenize(piece.encode("utf-8"), add_bos=is_first, special=True))
 
-    def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
         prepared = prepare(messages, self._accepts_system, self._markers)
-        counted = self._overhead.count(prepared) if self._overhead is not None else None
-        return self._full_count(messages) if counted is None else counted
+        counted = await self._overhead.count(prepared) if self._overhead is not None else None
+        return await self._full_count(messages) if counted is None else counted
 
     async def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> Completion:
         completion: Completion | None = None
@@ -265,7 +287,7 @@ class LlamaCppEngine:
     async def _stream(
         self, messages: Sequence[ChatMessage], params: SamplingParams, grammar: Any
     ) -> AsyncIterator[TextDelta | Completion]:
-        tokens = self.prompt_tokens(messages)
+        tokens = self.tokens_now(messages)
         if len(tokens) + params.max_tokens > self.context_window:
             raise EngineError(
                 f"prompt of {len(tokens)} tokens plus {params.max_tokens} reply tokens exceeds "
@@ -302,7 +324,7 @@ class LlamaCppEngine:
             text=text,
             finish_reason=finish_reason,
             prompt_tokens=len(tokens),
-            completion_tokens=self.count_tokens(text),
+            completion_tokens=len(self._tokenize_text(text)),
             cached_prompt_tokens=cached,
         )
 

@@ -6,10 +6,10 @@ works if a user's turns reach the same replica, hence rendezvous hashing of the 
 (`replicas.py`), with failover to the user's next replica when one is down.
 
 Token counts come from the server's own `/tokenize` (with `messages`, so the chat
-template the server applies is the one counted). The `Engine` protocol counts
-synchronously, so counting uses a blocking client; every distinct text is tokenised once
-(LRU cache) and a prompt's count is the sum of its contents' counts plus per-role
-template overheads, measured at start and checked on a probe conversation.
+template the server applies is the one counted), asked with the async client like
+everything else; every distinct text is tokenised once (LRU cache) and a prompt's count
+is the sum of its contents' counts plus per-role template overheads, measured at
+start (`connect`) and checked on a probe conversation.
 
 Retries: only a connection that failed before the request was sent is retried (on the
 next replica, then after a backoff); once a request reached a server it is never
@@ -19,12 +19,11 @@ repeated, since generation is not idempotent for the caller.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -37,9 +36,13 @@ from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDel
 
 _CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 PROMPTS_CACHED = 256
+TEXTS_CACHED = 16_384
 
 
 class VllmEngine:
+    """Built unconnected; `await connect()` (or `VllmEngine.connected(...)`) asks the
+    servers what they serve and measures their chat template before any turn."""
+
     def __init__(
         self,
         urls: Sequence[str],
@@ -53,44 +56,54 @@ class VllmEngine:
         failure_threshold: int = 3,
         reset_after_s: float = 10.0,
         isolate_tenant_cache: bool = False,
-        transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._replicas = ReplicaSet(
             urls, failure_threshold=failure_threshold, reset_after_s=reset_after_s, clock=clock
         )
+        self._wanted = model
         self._timeout_s = timeout_s
         self._connect_attempts = max(1, connect_attempts)
         self._backoff_base_s = backoff_base_s
         self._isolate = isolate_tenant_cache
-        self._clock = clock
-        self._sync = httpx.Client(
-            transport=transport,
-            timeout=httpx.Timeout(tokenize_timeout_s, connect=connect_timeout_s),
-        )
+        self._tokenize_timeout = httpx.Timeout(tokenize_timeout_s, connect=connect_timeout_s)
         self._client = httpx.AsyncClient(
-            transport=async_transport, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s)
+            transport=transport, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s)
         )
-        self._model_name, self._context_window = self._discover(model)
-        self._count_text = functools.lru_cache(maxsize=16_384)(self._count_text)  # type: ignore[method-assign]
+        self._model_name = model or ""
+        self._context_window = 0
+        self._counts: OrderedDict[str, int] = OrderedDict()
         self._prompts: OrderedDict[tuple[tuple[str, str], ...], list[int]] = OrderedDict()
         self._markers: frozenset[str] = frozenset()
-        self._accepts_system = renders(self._tokenize_refusing)
-        self._markers = template_markers(self._render, self._accepts_system)
-        self._overhead = MessageOverhead.measure(
+        self._accepts_system = True
+        self._overhead: MessageOverhead | None = None
+
+    @classmethod
+    async def connected(cls, urls: Sequence[str], **options: Any) -> VllmEngine:
+        engine = cls(urls, **options)
+        await engine.connect()
+        return engine
+
+    async def connect(self) -> None:
+        """The served model and its context window, whether its template takes a system
+        message, its markers, and its per-role token overheads."""
+        self._model_name, self._context_window = await self._discover(self._wanted)
+        self._accepts_system = await renders(self._tokenize_refusing)
+        self._markers = await template_markers(self._render, self._accepts_system)
+        self._overhead = await MessageOverhead.measure(
             self._full_count, self.count_tokens, opens_with_system=self._accepts_system
         )
 
-    # Discovery and counting (blocking: the Engine protocol counts synchronously) ------
+    # Discovery and counting ------------------------------------------------------
 
-    def _discover(self, wanted: str | None) -> tuple[str, int]:
+    async def _discover(self, wanted: str | None) -> tuple[str, int]:
         """The served model and its context window (`max_model_len`) from `/v1/models`."""
         for attempt in range(self._connect_attempts):
             if attempt:
-                time.sleep(backoff_s(attempt - 1, self._backoff_base_s))
+                await asyncio.sleep(backoff_s(attempt - 1, self._backoff_base_s))
             try:
-                models = self._sync_call("GET", "/v1/models")["data"]
+                models = (await self._call("GET", "/v1/models"))["data"]
             except EngineUnavailableError:
                 continue
             for entry in models:
@@ -104,13 +117,15 @@ class VllmEngine:
         urls = ", ".join(r.url for r in self._replicas.replicas)
         return f"{what}: no vLLM replica reachable ({urls})"
 
-    def _sync_call(self, method: str, path: str, body: Any = None) -> Any:
-        """One request to the first replica that accepts a connection."""
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        """One request (not generation) to the first replica that accepts a connection."""
         for replica in self._replicas.candidates(""):
             if not replica.breaker.allow():
                 continue
             try:
-                response = self._sync.request(method, replica.url + path, json=body)
+                response = await self._client.request(
+                    method, replica.url + path, json=body, timeout=self._tokenize_timeout
+                )
             except _CONNECT_ERRORS:
                 replica.breaker.record_failure()
                 continue
@@ -124,7 +139,7 @@ class VllmEngine:
             return response.json()
         raise EngineUnavailableError(self._unreachable(path))
 
-    def _tokenize_refusing(self, messages: Sequence[ChatMessage]) -> None:
+    async def _tokenize_refusing(self, messages: Sequence[ChatMessage]) -> None:
         """Tokenise a chat as it is; raises when the server's template refuses it."""
         body = {
             "model": self._model_name,
@@ -132,18 +147,18 @@ class VllmEngine:
             "add_generation_prompt": True,
         }
         try:
-            self._sync_call("POST", "/tokenize", body)
+            await self._call("POST", "/tokenize", body)
         except EngineUnavailableError:
             raise
         except EngineError as exc:  # 4xx: the template raised on this chat
             raise ValueError(str(exc)) from exc
 
-    def _render(self, messages: Sequence[ChatMessage]) -> str:
+    async def _render(self, messages: Sequence[ChatMessage]) -> str:
         """The prompt text the server's template makes of a chat (tokenised, then
         detokenised with its special tokens)."""
-        tokens = self.prompt_tokens(messages)
+        tokens = await self.prompt_tokens(messages)
         body = {"model": self._model_name, "tokens": tokens}
-        return str(self._sync_call("POST", "/detokenize", body)["prompt"])
+        return str((await self._call("POST", "/detokenize", body))["prompt"])
 
     @property
     def accepts_system_role(self) -> bool:
@@ -157,14 +172,21 @@ class VllmEngine:
     def context_window(self) -> int:
         return self._context_window
 
-    def _count_text(self, text: str) -> int:
+    async def count_tokens(self, text: str) -> int:
+        """The server's count of a text, each distinct text asked once (LRU cache)."""
+        if not text:
+            return 0
+        if (count := self._counts.get(text)) is not None:
+            self._counts.move_to_end(text)
+            return count
         body = {"model": self._model_name, "prompt": text, "add_special_tokens": False}
-        return int(self._sync_call("POST", "/tokenize", body)["count"])
+        count = int((await self._call("POST", "/tokenize", body))["count"])
+        self._counts[text] = count
+        if len(self._counts) > TEXTS_CACHED:
+            self._counts.popitem(last=False)
+        return count
 
-    def count_tokens(self, text: str) -> int:
-        return self._count_text(text) if text else 0
-
-    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+    async def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The prompt's tokens as the server builds them (its chat template, its tokenizer)."""
         if not messages:
             return []
@@ -177,26 +199,26 @@ class VllmEngine:
             "messages": self._messages(messages),
             "add_generation_prompt": True,
         }
-        tokens = [int(t) for t in self._sync_call("POST", "/tokenize", body)["tokens"]]
+        tokens = [int(t) for t in (await self._call("POST", "/tokenize", body))["tokens"]]
         self._prompts[key] = tokens
         while len(self._prompts) > PROMPTS_CACHED:
             self._prompts.popitem(last=False)
         return tokens
 
-    def _full_count(self, messages: Sequence[ChatMessage]) -> int:
-        return len(self.prompt_tokens(messages))
+    async def _full_count(self, messages: Sequence[ChatMessage]) -> int:
+        return len(await self.prompt_tokens(messages))
 
-    def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
         if not messages:
             # The server refuses to render an empty conversation; what the template adds
             # to any prompt (the reply's opening) is the measured fixed part.
             return self._overhead.fixed if self._overhead else 0
         prepared = prepare(messages, self._accepts_system, self._markers)
-        counted = self._overhead.count(prepared) if self._overhead else None
-        return self._full_count(messages) if counted is None else counted
+        counted = await self._overhead.count(prepared) if self._overhead else None
+        return await self._full_count(messages) if counted is None else counted
 
     def _messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-        """The chat as the server's template gets it (see `counting.prepare`)."""
+        """The chat as the server's template gets it (see `chat_format.prepare`)."""
         prepared = prepare(messages, self._accepts_system, self._markers)
         return [{"role": m.role, "content": m.content} for m in prepared]
 
@@ -396,7 +418,6 @@ class VllmEngine:
 
     async def close(self) -> None:
         await self._client.aclose()
-        self._sync.close()
 
 
 def tenant_salt(tenant: str) -> str:
@@ -416,7 +437,7 @@ def _raise_for_status(replica: Replica, status: int, text: str) -> None:
     raise EngineError(f"{replica.url} refused the request ({status}): {text[:300]}")
 
 
-async def _events(replica: Replica, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def _events(replica: Replica, response: httpx.Response) -> AsyncGenerator[dict[str, Any]]:
     """The JSON payloads of a server-sent event stream, up to `[DONE]`."""
     try:
         async for line in response.aiter_lines():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import structlog
@@ -19,6 +19,7 @@ from retrieval.errors import InvalidInputError
 from retrieval.facts.model import (
     CATEGORIES,
     CandidateFact,
+    FactExtractor,
     default_priority,
     exclusive_key,
     is_instruction,
@@ -26,11 +27,10 @@ from retrieval.facts.model import (
     normalize,
     statement,
 )
-from retrieval.protocols import FactExtractor
 from retrieval.text import is_blank
-from retrieval.timeutil import as_utc as utc
-from storage.facts import FactStore, NewFact, Resolution
-from storage.models import Fact, FactChange, Message
+from storage.facts import FactRepository, NewFact, Resolution
+from storage.messages import MessageRepository
+from storage.records import Fact, FactChange, Turn, User
 
 log = structlog.get_logger(__name__)
 
@@ -41,18 +41,7 @@ NEAR_DUPLICATE_SIMILARITY = 0.92
 Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 
 
-@dataclass(frozen=True, slots=True)
-class PinnedFact:
-    id: int
-    text: str
-    category: str
-    priority: int
-    valid_from: dt.datetime
-    # When memchat learnt it (valid_from is when the user said it, maybe long before).
-    created_at: dt.datetime
-
-
-def fact_order(fact: PinnedFact | Fact) -> tuple[int, int]:
+def fact_order(fact: Fact) -> tuple[int, int]:
     """Prompt order of pinned facts: highest priority first, then oldest."""
     return (-fact.priority, fact.id)
 
@@ -74,8 +63,8 @@ def resolve(active: Sequence[Fact], new: NewFact) -> Resolution:
             return Resolution("merge", same[:1])
         if not rivals:
             return Resolution("insert")
-        newest = max(utc(f.valid_from) for f in rivals)
-        if utc(new.valid_from) < newest:
+        newest = max(f.valid_from for f in rivals)
+        if new.valid_from < newest:
             return Resolution("insert_superseded", rivals)
         return Resolution("supersede", rivals)
     same = [f for f in active if f.category == new.category and _same_statement(f, new)]
@@ -97,19 +86,24 @@ def _same_statement(fact: Fact, new: NewFact) -> bool:
 class FactMemory:
     def __init__(
         self,
-        facts: FactStore,
+        facts: FactRepository,
+        messages: MessageRepository,
         extractor: FactExtractor,
         embed: Embed,
         model_name: str,
     ) -> None:
         self._facts = facts
+        self._messages = messages
         self._extractor = extractor
         self._embed = embed
         self._model_name = model_name
 
-    @property
-    def store(self) -> FactStore:
-        return self._facts
+    async def get_fact(self, fact_id: int) -> tuple[Fact, User]:
+        return await self._facts.get_fact(fact_id)
+
+    async def list_users_behind(self) -> list[int]:
+        """Users whose messages extraction has not read yet (to resume after a restart)."""
+        return await self._facts.list_users_behind()
 
     # Extraction ---------------------------------------------------------------------
 
@@ -119,8 +113,8 @@ class FactMemory:
         num_read = 0
         while True:
             watermark = await self._facts.get_watermark(user_pk)
-            messages = await self._facts.list_user_messages_after(
-                user_pk, watermark, EXTRACT_BATCH_SIZE
+            messages = await self._messages.list_messages_after_id(
+                watermark, EXTRACT_BATCH_SIZE, user_pk=user_pk
             )
             if not messages:
                 return num_read
@@ -136,8 +130,8 @@ class FactMemory:
                 continue
             num_read += len(messages)
 
-    async def _new_facts(self, messages: Sequence[Message]) -> list[NewFact]:
-        found: list[tuple[CandidateFact, Message]] = []
+    async def _new_facts(self, messages: Sequence[Turn]) -> list[NewFact]:
+        found: list[tuple[CandidateFact, Turn]] = []
         for message in messages:
             if message.role != "user":
                 continue
@@ -154,7 +148,7 @@ class FactMemory:
                 value=candidate.value,
                 is_pinned=is_pinned_by_default(candidate.category),
                 priority=default_priority(candidate),
-                valid_from=utc(message.created_at),
+                valid_from=message.created_at,
                 source_message_ids=(message.id,),
                 model=self._model_name,
                 vector=vector.astype(np.float32).tobytes(),
@@ -237,19 +231,14 @@ class FactMemory:
 
     # Use ----------------------------------------------------------------------------
 
-    async def pinned(self, user_pk: int) -> list[PinnedFact]:
+    async def pinned(self, user_pk: int) -> list[Fact]:
         """Active pinned facts in prompt order: highest priority first, then oldest."""
         facts = [f for f in await self._facts.list_facts(user_pk) if f.is_pinned]
-        facts.sort(key=fact_order)
-        return [
-            PinnedFact(f.id, f.text, f.category, f.priority, utc(f.valid_from), utc(f.created_at))
-            for f in facts
-        ]
+        return sorted(facts, key=fact_order)
 
     async def search(self, user_pk: int, vector: np.ndarray, k: int) -> list[FactHit]:
         """Active facts by cosine similarity to the query, best first."""
-        facts = await self._facts.list_facts(user_pk)
-        await self._embed_missing(facts)
+        facts = await self._with_vectors(await self._facts.list_facts(user_pk))
         if not facts:
             return []
         matrix = np.stack([np.frombuffer(f.vector or b"", dtype=np.float32) for f in facts])
@@ -257,18 +246,21 @@ class FactMemory:
         order = np.argsort(-scores, kind="stable")[:k]
         return [FactHit(facts[i], float(scores[i])) for i in order]
 
-    async def _embed_missing(self, facts: Sequence[Fact]) -> None:
-        """Facts without a vector of the current model get one (after a model change)."""
+    async def _with_vectors(self, facts: Sequence[Fact]) -> list[Fact]:
+        """The facts, those without a vector of the current model given one (after a model
+        change), which is stored too."""
         stale = [f for f in facts if f.vector is None or f.model != self._model_name]
         if not stale:
-            return
+            return list(facts)
         vectors = await self._embed([f.text for f in stale])
-        rows = []
-        for fact, vector in zip(stale, vectors, strict=True):
-            fact.vector = vector.astype(np.float32).tobytes()
-            fact.model = self._model_name
-            rows.append((fact.id, self._model_name, fact.vector))
-        await self._facts.save_vectors(rows)
+        fresh = {
+            f.id: replace(f, vector=v.astype(np.float32).tobytes(), model=self._model_name)
+            for f, v in zip(stale, vectors, strict=True)
+        }
+        await self._facts.save_vectors(
+            [(f.id, self._model_name, f.vector or b"") for f in fresh.values()]
+        )
+        return [fresh.get(f.id, f) for f in facts]
 
 
 def _check_text(text: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Protocol
 
 CATEGORIES = ("identity", "constraint", "preference", "relationship", "plan", "other")
 
@@ -49,6 +50,15 @@ class CandidateFact:
     def item(self) -> str | None:
         parts = self.subject.split(":", 1)
         return parts[1] if len(parts) == 2 else None
+
+
+class FactExtractor(Protocol):
+    """Finds candidate key facts in one user message (the rules, or the LLM)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def extract(self, text: str) -> list[CandidateFact]: ...
 
 
 def language_of(text: str) -> str:

@@ -30,7 +30,7 @@ class FactWorker:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        for user_pk in await self._memory.store.list_users_behind():
+        for user_pk in await self._memory.list_users_behind():
             self.notify(user_pk)
         self._task = asyncio.create_task(self._run(), name="fact-extraction")
 

@@ -9,6 +9,7 @@ is `1 - inner product`. Telemetry is off.
 
 Chroma persists every write itself, so `save` has nothing to do; the client is opened on
 first use, so a server that is down fails requests (IndexUnavailableError), not start-up.
+The client blocks: every call runs in a worker thread, never on the event loop.
 Chroma searches an HNSW graph: exact for the small collections of the tests, approximate
 (recall below 1) for large ones, unlike FAISS's exact search.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import chromadb
 import httpx
 import numpy as np
@@ -127,7 +129,7 @@ class ChromaIndex:
     def is_loaded(self, scope: int) -> bool:
         return scope in self._collections
 
-    def load(self, scope: int) -> IndexLoadResult:
+    def _load(self, scope: int) -> IndexLoadResult:
         """An existing collection of the wrong dimension is 'corrupt' and replaced empty."""
         with self._lock, _translated():
             try:
@@ -142,20 +144,20 @@ class ChromaIndex:
             self._collections[scope] = found
             return IndexLoadResult("loaded", frozenset(self._ids(found)))
 
-    def reset(self, scope: int) -> None:
+    def _reset(self, scope: int) -> None:
         with self._lock, _translated():
             self._collections.pop(scope, None)
             with suppress(NotFoundError, ValueError):
                 self._api().delete_collection(self._name(scope))
             self._collections[scope] = self._create(scope)
 
-    def drop(self, scope: int) -> None:
+    def _drop(self, scope: int) -> None:
         with self._lock, _translated():
             self._collections.pop(scope, None)
             with suppress(NotFoundError, ValueError):
                 self._api().delete_collection(self._name(scope))
 
-    def add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None:
+    def _add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None:
         if len(ids) == 0:
             return
         matrix = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(ids), -1)
@@ -165,13 +167,13 @@ class ChromaIndex:
             # Upsert: re-adding an id replaces its vector instead of duplicating it.
             self._collection(scope).upsert(ids=[str(i) for i in ids], embeddings=matrix)
 
-    def remove(self, scope: int, ids: Collection[int]) -> None:
+    def _remove(self, scope: int, ids: Collection[int]) -> None:
         if not ids:
             return
         with _translated():
             self._collection(scope).delete(ids=[str(i) for i in ids])
 
-    def search(
+    def _search(
         self, scope: int, vector: np.ndarray, k: int, exclude: Collection[int] = ()
     ) -> list[ScoredId]:
         if k <= 0:
@@ -189,7 +191,7 @@ class ChromaIndex:
         ]
         return hits[:k]
 
-    def similarities(
+    def _similarities(
         self, scope: int, vector: np.ndarray, ids: Collection[int]
     ) -> dict[int, float]:
         if not ids:
@@ -212,25 +214,22 @@ class ChromaIndex:
                 return ids
             offset += PAGE
 
-    def list_ids(self, scope: int) -> set[int]:
+    def _list_ids(self, scope: int) -> set[int]:
         with _translated():
             return self._ids(self._collection(scope))
 
-    def num_vectors(self) -> int:
+    def _num_vectors(self) -> int:
         """One `count` call per open collection."""
         with self._lock:
             collections = list(self._collections.values())
         with _translated():
             return sum(int(collection.count()) for collection in collections)
 
-    def ping(self) -> None:
+    def _ping(self) -> None:
         with _translated():
             self._api().heartbeat()
 
-    def save(self) -> None:
-        """Nothing to do: Chroma has written every change already."""
-
-    def drop_all(self) -> None:
+    def _drop_all(self) -> None:
         """Delete every collection of this prefix and namespace (others are left alone)."""
         with self._lock, _translated():
             self._collections.clear()
@@ -238,3 +237,45 @@ class ChromaIndex:
                 name = collection if isinstance(collection, str) else collection.name
                 if name.startswith(self._base) and name[len(self._base) :].lstrip("-").isdigit():
                     self._api().delete_collection(name)
+
+    # The protocol: every call reaches Chroma (a client library that blocks) in a thread.
+
+    async def load(self, scope: int) -> IndexLoadResult:
+        return await anyio.to_thread.run_sync(self._load, scope)
+
+    async def reset(self, scope: int) -> None:
+        await anyio.to_thread.run_sync(self._reset, scope)
+
+    async def drop(self, scope: int) -> None:
+        await anyio.to_thread.run_sync(self._drop, scope)
+
+    async def add(self, scope: int, ids: Sequence[int], vectors: np.ndarray) -> None:
+        await anyio.to_thread.run_sync(self._add, scope, ids, vectors)
+
+    async def remove(self, scope: int, ids: Collection[int]) -> None:
+        await anyio.to_thread.run_sync(self._remove, scope, ids)
+
+    async def search(
+        self, scope: int, vector: np.ndarray, k: int, exclude: Collection[int] = ()
+    ) -> list[ScoredId]:
+        return await anyio.to_thread.run_sync(self._search, scope, vector, k, exclude)
+
+    async def similarities(
+        self, scope: int, vector: np.ndarray, ids: Collection[int]
+    ) -> dict[int, float]:
+        return await anyio.to_thread.run_sync(self._similarities, scope, vector, ids)
+
+    async def list_ids(self, scope: int) -> set[int]:
+        return await anyio.to_thread.run_sync(self._list_ids, scope)
+
+    async def num_vectors(self) -> int:
+        return await anyio.to_thread.run_sync(self._num_vectors)
+
+    async def ping(self) -> None:
+        await anyio.to_thread.run_sync(self._ping)
+
+    async def save(self) -> None:
+        """Nothing to do: Chroma has written every change already."""
+
+    async def drop_all(self) -> None:
+        await anyio.to_thread.run_sync(self._drop_all)

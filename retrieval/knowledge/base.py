@@ -27,8 +27,8 @@ import numpy as np
 import structlog
 
 from retrieval.errors import DocumentTooLargeError, InvalidInputError, RetrievalError
+from retrieval.indexes.reconcile import reconcile
 from retrieval.knowledge.chunking import Chunk, Chunker
-from retrieval.prompt.report import RetrievedKnowledge
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
 from retrieval.text import is_blank
 from storage.errors import NotFoundError, StorageError
@@ -36,13 +36,13 @@ from storage.knowledge import (
     FAILED,
     PROCESSING,
     READY,
-    KnowledgeStore,
+    KnowledgeRepository,
     NewChunk,
     NewDocument,
     StoredChunk,
     scope_of,
 )
-from storage.models import KnowledgeDocument
+from storage.records import Document
 
 log = structlog.get_logger(__name__)
 
@@ -76,17 +76,6 @@ class KnowledgeHit:
     chunk: StoredChunk
     score: float
 
-    def retrieved(self) -> RetrievedKnowledge:
-        """As the context assembler takes it."""
-        return RetrievedKnowledge(
-            chunk_id=self.chunk.id,
-            document_id=self.chunk.document_id,
-            title=self.chunk.title,
-            heading_path=self.chunk.heading_path,
-            text=self.chunk.text,
-            score=self.score,
-        )
-
 
 # Blank as the API documents it (JSON Schema's `\s`), so that documented-valid text is taken.
 BLANK = (
@@ -113,7 +102,7 @@ def embedding_text(chunk: StoredChunk | Chunk, title: str) -> str:
 class KnowledgeBase:
     def __init__(
         self,
-        store: KnowledgeStore,
+        store: KnowledgeRepository,
         embedder: Embedder,
         index: VectorIndex,
         config: KnowledgeConfig,
@@ -127,16 +116,12 @@ class KnowledgeBase:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     @property
-    def store(self) -> KnowledgeStore:
-        return self._store
-
-    @property
     def max_upload_bytes(self) -> int:
         return self._config.max_upload_bytes
 
     # Documents ------------------------------------------------------------------------
 
-    async def add(self, upload: Upload) -> tuple[KnowledgeDocument, str | None, bool]:
+    async def add(self, upload: Upload) -> tuple[Document, str | None, bool]:
         """Store a document (or find the same content in the same scope) and process it.
 
         Returns (document, owner's user id, created). A document whose processing failed
@@ -175,7 +160,7 @@ class KnowledgeBase:
         document, owner = await self._store.get_document(document.id)
         return document, owner, created
 
-    def _split(self, document: KnowledgeDocument) -> list[Chunk]:
+    def _split(self, document: Document) -> list[Chunk]:
         return self._chunker.split(document.content, markdown=document.source in MARKDOWN_SOURCES)
 
     def _spawn(self, document_id: str) -> None:
@@ -195,7 +180,7 @@ class KnowledgeBase:
             log.exception("knowledge_processing_crashed", document_id=document_id)
             await self._store.finish_document(document_id, FAILED, "internal error")
 
-    async def _process(self, document: KnowledgeDocument, chunks: Sequence[Chunk]) -> None:
+    async def _process(self, document: Document, chunks: Sequence[Chunk]) -> None:
         """Chunks to SQL and their vectors to the index, a batch at a time, then `ready`.
 
         A failure marks the document `failed` with the reason and is raised again.
@@ -209,7 +194,7 @@ class KnowledgeBase:
         try:
             await self._ensure_scope(scope)
             stale = await self._store.start_processing(document.id, len(chunks))
-            await asyncio.to_thread(self._index.remove, scope, stale)
+            await self._index.remove(scope, stale)
             batch_size = self._config.embed_batch_size
             for start in range(0, len(chunks), batch_size):
                 batch = chunks[start : start + batch_size]
@@ -218,7 +203,7 @@ class KnowledgeBase:
                     document.id,
                     [NewChunk(c.ordinal, c.text, c.token_count, c.heading_path) for c in batch],
                 )
-                await asyncio.to_thread(self._index.add, scope, ids, vectors)
+                await self._index.add(scope, ids, vectors)
             await self._store.finish_document(document.id, READY, None)
         except NotFoundError:
             raise
@@ -249,7 +234,7 @@ class KnowledgeBase:
         scope, chunk_ids = await self._store.delete_document(document_id)
         if chunk_ids:
             await self._ensure_scope(scope)
-            await asyncio.to_thread(self._index.remove, scope, chunk_ids)
+            await self._index.remove(scope, chunk_ids)
 
     async def close(self) -> None:
         """Stop background work; unfinished documents stay `processing` and resume at start."""
@@ -260,37 +245,50 @@ class KnowledgeBase:
 
     # Retrieval ------------------------------------------------------------------------
 
-    def num_vectors(self) -> int:
-        """Chunk vectors in the open scopes of the index (blocking: call from a thread)."""
-        return self._index.num_vectors()
+    async def num_vectors(self) -> int:
+        """Chunk vectors in the open scopes of the index."""
+        return await self._index.num_vectors()
 
-    def ping_index(self) -> None:
-        """Reach the knowledge index's store (blocking); raises IndexUnavailableError."""
-        self._index.ping()
+    async def ping_index(self) -> None:
+        """Reach the knowledge index's store; raises IndexUnavailableError."""
+        await self._index.ping()
 
     async def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        return await asyncio.to_thread(self._embedder.embed, list(texts))
+        return await self._embedder.embed(list(texts))
 
     async def search(
-        self, tenant_id: int, user_pk: int | None, vector: np.ndarray, k: int
+        self,
+        tenant_id: int,
+        user_pk: int | None,
+        vector: np.ndarray,
+        k: int,
+        *,
+        with_documents: tuple[bool, bool] | None = None,
     ) -> list[KnowledgeHit]:
         """The best `k` chunks of ready documents, the tenant's shared ones or the user's
-        own, best first."""
+        own, best first. `with_documents` (shared, own) says which of the two scopes hold
+        documents where the caller read it already (a turn, with its session); else SQL
+        is asked."""
         if k <= 0:
             return []
         wanted = [scope_of(tenant_id, None)]
         if user_pk is not None:
             wanted.append(scope_of(tenant_id, user_pk))
-        scopes = await self._searchable(wanted)
+        if with_documents is None:
+            scopes = await self._searchable(wanted)
+        else:
+            shared, own = with_documents
+            present = {scope_of(tenant_id, None): shared, scope_of(tenant_id, user_pk): own}
+            scopes = await self._opened([s for s in wanted if present[s]])
         if not scopes:
             return []
-        hits = await asyncio.to_thread(self._search, scopes, vector, k)
+        hits = await self._search(scopes, vector, k)
         rows = await self._store.list_ready_chunks_by_id(scopes, [h.id for h in hits])
         by_id = {row.id: row for row in rows}
         return [KnowledgeHit(by_id[h.id], h.score) for h in hits if h.id in by_id][:k]
 
-    def _search(self, scopes: Sequence[int], vector: np.ndarray, k: int) -> list[ScoredId]:
-        hits = [hit for scope in scopes for hit in self._index.search(scope, vector, k)]
+    async def _search(self, scopes: Sequence[int], vector: np.ndarray, k: int) -> list[ScoredId]:
+        hits = [hit for scope in scopes for hit in await self._index.search(scope, vector, k)]
         return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
 
     async def _searchable(self, scopes: list[int]) -> list[int]:
@@ -301,12 +299,18 @@ class KnowledgeBase:
         another process sharing the database and Chroma server may add documents to it.
         """
         unloaded = [s for s in scopes if not self._index.is_loaded(s)]
-        if unloaded:
-            with_documents = await self._store.list_scopes_with_documents(unloaded)
-            for scope in unloaded:
-                if scope in with_documents:
-                    await self._ensure_scope(scope)
-        return [s for s in scopes if self._index.is_loaded(s)]
+        with_documents = (
+            await self._store.list_scopes_with_documents(unloaded) if unloaded else set()
+        )
+        return await self._opened(
+            [s for s in scopes if self._index.is_loaded(s) or s in with_documents]
+        )
+
+    async def _opened(self, scopes: Sequence[int]) -> list[int]:
+        """The scopes, each loaded (and reconciled with SQL) on first use."""
+        for scope in scopes:
+            await self._ensure_scope(scope)
+        return list(scopes)
 
     async def _ensure_scope(self, scope: int) -> None:
         """Load a scope and reconcile it with SQL, once per process."""
@@ -317,19 +321,9 @@ class KnowledgeBase:
             if self._index.is_loaded(scope):
                 return
             sql_ids = await self._store.list_chunk_ids(scope)
-            result = await asyncio.to_thread(self._index.load, scope)
-            extra = result.ids - sql_ids
-            missing = sql_ids - result.ids
-            await asyncio.to_thread(self._index.remove, scope, extra)
-            await self._index_chunks(missing)
-            if result.status != "loaded" or extra or missing:
-                log.info(
-                    "knowledge_scope_reconciled",
-                    scope=scope,
-                    status=result.status,
-                    num_added=len(missing),
-                    num_removed=len(extra),
-                )
+            await reconcile(
+                self._index, scope, sql_ids, self._index_chunks, event="knowledge_scope_reconciled"
+            )
 
     async def _index_chunks(self, ids: Collection[int] | None) -> int:
         """Embed stored chunks (those in `ids`, or all) and add them to their scopes."""
@@ -343,7 +337,7 @@ class KnowledgeBase:
             for scope in sorted({row.scope for row in rows}):
                 positions = [i for i, row in enumerate(rows) if row.scope == scope]
                 chosen = [rows[i].id for i in positions]
-                await asyncio.to_thread(self._index.add, scope, chosen, vectors[positions])
+                await self._index.add(scope, chosen, vectors[positions])
             num_chunks += len(rows)
             after_id = rows[-1].id
         return num_chunks
@@ -351,15 +345,15 @@ class KnowledgeBase:
     async def drop_scope(self, scope: int) -> None:
         """Forget a scope's vectors entirely (its rows are already gone)."""
         async with self._scope_locks.setdefault(scope, asyncio.Lock()):
-            await asyncio.to_thread(self._index.drop, scope)
+            await self._index.drop(scope)
 
     async def reindex_scope(self, scope: int) -> int:
         """Re-embed a scope's chunks from SQL into a fresh scope; returns how many."""
         await self.drop_scope(scope)
         await self._ensure_scope(scope)
-        return len(await asyncio.to_thread(self._index.list_ids, scope))
+        return len(await self._index.list_ids(scope))
 
     async def rebuild(self) -> int:
         """Drop every knowledge vector and re-embed every stored chunk (`memchat reindex`)."""
-        await asyncio.to_thread(self._index.drop_all)
+        await self._index.drop_all()
         return await self._index_chunks(None)

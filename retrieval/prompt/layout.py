@@ -13,18 +13,24 @@ and the recent window changes only by appending, so an engine with a prefix cach
 reuses them; what is retrieved for this turn comes last, at the head of the new user
 message, and is kept with that message so that later prompts carry it unchanged.
 An engine whose chat template has no system role folds the system message into the
-first user message itself (`retrieval.engines.chat_format.fold_system`), so the layout is
-the same for every engine.
+first user message itself (`retrieval.engines.chat_format.fold_system`), so the layout
+is the same for every engine.
+
+A turn plans its prompt once (`plan`: every section but the window fitted to its share,
+and the room they leave the window), keeps its window within that room, then assembles
+the plan with the window (`assemble`), checking the exact count of the whole prompt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from retrieval.errors import ContextTooLongError
-from retrieval.facts.memory import PinnedFact, fact_order
+from retrieval.knowledge.base import KnowledgeHit
 from retrieval.prompt.budget import ContextBudget
+from retrieval.prompt.pinned import fact_order
 from retrieval.prompt.render import (
     FACTS_HEADER,
     HISTORY_OPENING,
@@ -43,26 +49,39 @@ from retrieval.prompt.render import (
     summary_text,
     with_note,
 )
-from retrieval.prompt.report import (
-    AssembledContext,
-    ContextReport,
-    RecentTurn,
-    RetrievedKnowledge,
-    RetrievedMemory,
-    SectionTokens,
-)
+from retrieval.prompt.report import AssembledContext, ContextReport, SectionTokens
 from retrieval.protocols import ChatMessage, Engine
+from retrieval.turns import SearchHit
+from storage.records import Fact, Turn
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class _Selection:
-    """The sections of one prompt other than the recent window, and the room they leave it."""
+class Sections:
+    """What a turn's prompt may show besides its window."""
 
+    new_message: str
+    memories: Sequence[SearchHit] = ()
+    knowledge: Sequence[KnowledgeHit] = ()
+    # Pinned facts of the system message, and those pinned since (the turn's context).
+    pinned: Sequence[Fact] = ()
+    new_facts: Sequence[Fact] = ()
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The sections of one prompt other than the recent window, each fitted to its share,
+    and the room they leave the window."""
+
+    sections: Sections
+    budget: ContextBudget
     system: str
-    facts: tuple[PinnedFact, ...]
-    new_facts: tuple[PinnedFact, ...]
-    memories: tuple[RetrievedMemory, ...]
-    knowledge: tuple[RetrievedKnowledge, ...]
+    facts: tuple[Fact, ...]
+    new_facts: tuple[Fact, ...]
+    memories: tuple[SearchHit, ...]
+    knowledge: tuple[KnowledgeHit, ...]
     window_room: int
 
 
@@ -71,21 +90,47 @@ def _lead(system: str) -> list[ChatMessage]:
 
 
 class ContextAssembler:
-    def __init__(self, engine: Engine, system_prompt: str, *, stable_layout: bool = True) -> None:
+    """Built with `await ContextAssembler.measured(engine, system_prompt)`: it measures
+    the template's per-message overhead once."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        system_prompt: str,
+        *,
+        overhead: int,
+        system_tokens: int,
+        stable_layout: bool = True,
+    ) -> None:
         self._engine = engine
         # False puts this turn's context in the system message, before the recent window
         # (to measure what the layout saves: the prefix then changes every turn).
         self._stable_layout = stable_layout
         self._static = system_prompt
-        lead = engine.count_prompt_tokens(_lead(system_prompt))
         # Template tokens around one message's content (role markers, separators).
-        probe = [*_lead(system_prompt), ChatMessage("assistant", "x")]
-        self._overhead = engine.count_prompt_tokens(probe) - lead - 1
+        self._overhead = overhead
         # The system text with the template's fixed part (generation prompt included).
-        self._system_tokens = lead - 1 - self._overhead
+        self._system_tokens = system_tokens
 
-    def count_tokens(self, text: str) -> int:
-        return self._engine.count_tokens(text)
+    @classmethod
+    async def measured(
+        cls, engine: Engine, system_prompt: str, *, stable_layout: bool = True
+    ) -> ContextAssembler:
+        lead = await engine.count_prompt_tokens(_lead(system_prompt))
+        with_reply = await engine.count_prompt_tokens(
+            [*_lead(system_prompt), ChatMessage("assistant", "x")]
+        )
+        overhead = with_reply - lead - 1
+        return cls(
+            engine,
+            system_prompt,
+            overhead=overhead,
+            system_tokens=lead - 1 - overhead,
+            stable_layout=stable_layout,
+        )
+
+    async def count_tokens(self, text: str) -> int:
+        return await self._engine.count_tokens(text)
 
     def message_tokens(self, content_tokens: int) -> int:
         return content_tokens + self._overhead
@@ -101,96 +146,79 @@ class ContextAssembler:
                 f"{budget.context_window}-token context window",
             )
 
-    def window_room(
-        self,
-        *,
-        new_message: str,
-        memories: Sequence[RetrievedMemory],
-        budget: ContextBudget,
-        pinned: Sequence[PinnedFact] = (),
-        summary: str = "",
-        knowledge: Sequence[RetrievedKnowledge] = (),
-        new_facts: Sequence[PinnedFact] = (),
-    ) -> int:
-        """Tokens the recent window may take in this prompt: the prompt budget less what
-        the other sections take this turn, each within its share. A share a section
-        leaves unused (no knowledge documents, a short summary, few memories) is the
-        window's; `assemble` with the same arguments keeps a window this size whole."""
-        selection = self._select(
-            new_message, memories, budget, pinned, summary, knowledge, new_facts
+    async def plan(self, sections: Sections, budget: ContextBudget) -> Plan:
+        """Every section but the window, each fitted to its share, and the tokens the
+        recent window may take: the prompt budget less what the other sections take this
+        turn. A share a section leaves unused (no knowledge documents, a short summary,
+        few memories) is the window's; `assemble` keeps a window of this size whole."""
+        chosen_facts = await self.fit_facts(sections.pinned, budget)
+        already = await self._facts_cost(chosen_facts)
+        chosen_new = await self.fit_facts(sections.new_facts, budget, already)
+        system = self.system_text(chosen_facts, sections.summary)
+        content_tokens = await self._engine.count_tokens(sections.new_message)
+        self.check_fits(content_tokens, budget)
+        fixed = await self._system_message_tokens(system) + self.message_tokens(content_tokens)
+        memories = await self._fit(
+            sections.memories, MEMORY_HEADER, format_memory, budget.share(budget.memory_share)
         )
-        return selection.window_room
+        knowledge = await self._fit(
+            sections.knowledge,
+            KNOWLEDGE_HEADER,
+            format_knowledge,
+            budget.share(budget.knowledge_share),
+        )
+        block = context_block(chosen_new, memories, knowledge)
+        return Plan(
+            sections=sections,
+            budget=budget,
+            system=system,
+            facts=tuple(chosen_facts),
+            new_facts=tuple(chosen_new),
+            memories=tuple(memories),
+            knowledge=tuple(knowledge),
+            window_room=budget.available - fixed - await self.note_tokens(block),
+        )
 
-    def assemble(
-        self,
-        *,
-        new_message: str,
-        memories: Sequence[RetrievedMemory],
-        recent: Sequence[RecentTurn],
-        budget: ContextBudget,
-        pinned: Sequence[PinnedFact] = (),
-        summary: str = "",
-        knowledge: Sequence[RetrievedKnowledge] = (),
-        new_facts: Sequence[PinnedFact] = (),
-    ) -> AssembledContext:
-        """`pinned` facts go into the system message; `new_facts` (pinned since the last
-        compaction) into this turn's context, so the system message stays as it was."""
-        self.check_fits(self._engine.count_tokens(new_message), budget)
-        available = budget.available
-        selection = self._select(
-            new_message, memories, budget, pinned, summary, knowledge, new_facts
-        )
-        chosen_memories, chosen_knowledge = selection.memories, selection.knowledge
-        chosen_recent = self._fit_recent(recent, selection.window_room)
+    async def assemble(self, plan: Plan, recent: Sequence[Turn]) -> AssembledContext:
+        """The prompt of a plan with the newest window turns that fit its room; the exact
+        count of the rendered prompt decides (estimates are per section): past the
+        budget, the oldest turns go, then the last memories, then the last chunks."""
+        available = plan.budget.available
+        memories, knowledge = plan.memories, plan.knowledge
+        window = await self._fit_recent(recent, plan.window_room)
 
         def layout() -> list[ChatMessage]:
-            block = context_block(selection.new_facts, chosen_memories, chosen_knowledge)
-            return self.layout(selection.system, chosen_recent, block, new_message)
+            block = context_block(plan.new_facts, memories, knowledge)
+            return self.layout(plan.system, window, block, plan.sections.new_message)
 
         messages = layout()
-        prompt_tokens = self._engine.count_prompt_tokens(messages)
-        # Estimates are per section; the exact count of the rendered prompt decides.
-        while prompt_tokens > available and chosen_recent:
-            chosen_recent = chosen_recent[1:]
+        prompt_tokens = await self._engine.count_prompt_tokens(messages)
+        while prompt_tokens > available and (window or memories or knowledge):
+            if window:
+                window = window[1:]
+            elif memories:
+                memories = memories[:-1]
+            else:
+                knowledge = knowledge[:-1]
             messages = layout()
-            prompt_tokens = self._engine.count_prompt_tokens(messages)
-        while prompt_tokens > available and chosen_memories:
-            chosen_memories = chosen_memories[:-1]
-            messages = layout()
-            prompt_tokens = self._engine.count_prompt_tokens(messages)
-        while prompt_tokens > available and chosen_knowledge:
-            chosen_knowledge = chosen_knowledge[:-1]
-            messages = layout()
-            prompt_tokens = self._engine.count_prompt_tokens(messages)
-        chosen_facts, chosen_new = selection.facts, selection.new_facts
-        chosen_ids = {f.id for f in [*chosen_facts, *chosen_new]}
+            prompt_tokens = await self._engine.count_prompt_tokens(messages)
         report = ContextReport(
-            memories=tuple(chosen_memories),
-            recent_message_ids=tuple(t.message_id for t in chosen_recent),
-            sections=self._sections(
-                messages,
-                prompt_tokens,
-                recent=chosen_recent,
-                facts=chosen_facts,
-                new_facts=chosen_new,
-                memories=chosen_memories,
-                knowledge=chosen_knowledge,
+            memories=tuple(memories),
+            recent_message_ids=tuple(t.id for t in window),
+            sections=await self._section_tokens(
+                messages, prompt_tokens, plan, window, memories, knowledge
             ),
             prompt_tokens=prompt_tokens,
-            context_window=budget.context_window,
-            reply_tokens_reserved=budget.reply_tokens,
-            pinned_facts=tuple(sorted([*chosen_facts, *chosen_new], key=fact_order)),
-            facts_omitted=tuple(
-                f.id
-                for f in sorted([*pinned, *new_facts], key=fact_order)
-                if f.id not in chosen_ids
-            ),
-            new_facts=tuple(chosen_new),
-            knowledge=tuple(chosen_knowledge),
+            context_window=plan.budget.context_window,
+            reply_tokens_reserved=plan.budget.reply_tokens,
+            pinned_facts=tuple(sorted([*plan.facts, *plan.new_facts], key=fact_order)),
+            facts_omitted=_omitted(plan),
+            new_facts=plan.new_facts,
+            knowledge=tuple(knowledge),
         )
         return AssembledContext(messages=tuple(messages), report=report)
 
-    def system_text(self, facts: Sequence[PinnedFact], summary: str) -> str:
+    def system_text(self, facts: Sequence[Fact], summary: str) -> str:
         """The static prompt, the pinned facts, the session summary: the prompt's prefix
         changes only when the facts or the summary do."""
         parts = [self._static]
@@ -201,7 +229,7 @@ class ContextAssembler:
         return "\n\n".join(parts)
 
     def layout(
-        self, system: str, recent: Sequence[RecentTurn], block: str, new_message: str
+        self, system: str, recent: Sequence[Turn], block: str, new_message: str
     ) -> list[ChatMessage]:
         """The prompt's messages: the system text, the window, this turn's message opened
         by its context `block`."""
@@ -217,60 +245,28 @@ class ContextAssembler:
             return system, block
         return f"{system}\n\n{block}", ""
 
-    def turn_context(
-        self,
-        memories: Sequence[RetrievedMemory],
-        knowledge: Sequence[RetrievedKnowledge],
-        new_facts: Sequence[PinnedFact] = (),
-    ) -> str:
-        """This turn's context block, as its user message carries it ("" for none)."""
+    def turn_context(self, report: ContextReport) -> str:
+        """This turn's context block, as its user message carries it ("" for none): what
+        the message keeps, so that later prompts re-insert it as sent."""
         if not self._stable_layout:
             return ""
-        return context_block(new_facts, memories, knowledge)
+        return context_block(report.new_facts, report.memories, report.knowledge)
 
-    def note_tokens(self, note: str) -> int:
+    async def note_tokens(self, note: str) -> int:
         """What a kept context block adds to its user message (with its line break)."""
-        return self._engine.count_tokens(f"{note}\n") if note else 0
+        return await self._engine.count_tokens(f"{note}\n") if note else 0
 
-    def _select(
-        self,
-        new_message: str,
-        memories: Sequence[RetrievedMemory],
-        budget: ContextBudget,
-        pinned: Sequence[PinnedFact],
-        summary: str,
-        knowledge: Sequence[RetrievedKnowledge],
-        new_facts: Sequence[PinnedFact],
-    ) -> _Selection:
-        """Every section but the window, each fitted to its share, and what they leave."""
-        chosen_facts = self.fit_facts(pinned, budget)
-        chosen_new = self.fit_facts(new_facts, budget, self._facts_cost(chosen_facts))
-        system = self.system_text(chosen_facts, summary)
-        content_tokens = self._engine.count_tokens(new_message)
-        fixed = self._system_message_tokens(system) + self.message_tokens(content_tokens)
-        chosen_memories = self._fit_memories(memories, budget.share(budget.memory_share))
-        chosen_knowledge = self._fit_knowledge(knowledge, budget.share(budget.knowledge_share))
-        block = context_block(chosen_new, chosen_memories, chosen_knowledge)
-        return _Selection(
-            system=system,
-            facts=tuple(chosen_facts),
-            new_facts=tuple(chosen_new),
-            memories=tuple(chosen_memories),
-            knowledge=tuple(chosen_knowledge),
-            window_room=budget.available - fixed - self.note_tokens(block),
-        )
-
-    def _system_message_tokens(self, system: str) -> int:
+    async def _system_message_tokens(self, system: str) -> int:
         """Tokens of the system text with its template (without the first user message)."""
-        return self._engine.count_prompt_tokens(_lead(system)) - self._overhead - 1
+        return await self._engine.count_prompt_tokens(_lead(system)) - self._overhead - 1
 
-    def window_budget_at_full_shares(
-        self, budget: ContextBudget, facts: Sequence[PinnedFact], content_tokens: int
+    async def window_budget_at_full_shares(
+        self, budget: ContextBudget, facts: Sequence[Fact], content_tokens: int
     ) -> int:
         """Tokens the recent window may hold with the summary, memories and knowledge at
         their full shares: a window this size fits whatever the turn retrieves and
         however the summary grows (the most a compaction may leave)."""
-        system = self._system_message_tokens(self.system_text(facts, ""))
+        system = await self._system_message_tokens(self.system_text(facts, ""))
         return (
             budget.available
             - system
@@ -280,42 +276,68 @@ class ContextAssembler:
             - self.message_tokens(content_tokens)
         )
 
-    def _facts_cost(self, facts: Sequence[PinnedFact]) -> int:
+    async def _facts_cost(self, facts: Sequence[Fact]) -> int:
         if not facts:
             return 0
-        return (
-            self._engine.count_tokens(FACTS_HEADER)
-            + 2
-            + sum(self._engine.count_tokens(format_fact(f)) + 1 for f in facts)
-        )
+        lines = [await self._engine.count_tokens(format_fact(f)) + 1 for f in facts]
+        return await self._engine.count_tokens(FACTS_HEADER) + 2 + sum(lines)
 
-    def fit_facts(
-        self, facts: Sequence[PinnedFact], budget: ContextBudget, already: int = 0
-    ) -> list[PinnedFact]:
+    async def fit_facts(
+        self, facts: Sequence[Fact], budget: ContextBudget, already: int = 0
+    ) -> list[Fact]:
         """Facts in priority order while they fit (with `already` tokens of facts taken);
         one that does not fit ends the list, so a lower-priority fact never displaces a
         higher one."""
         limit = budget.share(budget.facts_share) - already
-        chosen: list[PinnedFact] = []
-        used = self._engine.count_tokens(FACTS_HEADER) + 2
-        for fact in facts:
-            cost = self._engine.count_tokens(format_fact(fact)) + 1
+        return await self._fit(facts, FACTS_HEADER, format_fact, limit, in_order=True)
+
+    async def _fit(
+        self,
+        items: Sequence[T],
+        header: str,
+        line: Callable[[T], str],
+        limit: int,
+        *,
+        in_order: bool = False,
+    ) -> list[T]:
+        """The best items (memories, chunks) that fit a share under their header, best
+        first; one that does not fit is skipped and a shorter one after it may still fit,
+        unless `in_order` (facts), where the first that does not fit ends the list."""
+        chosen: list[T] = []
+        used = await self._engine.count_tokens(header) + 2
+        for item in items:
+            cost = await self._engine.count_tokens(line(item)) + 1
             if used + cost > limit:
-                break
-            chosen.append(fact)
+                if in_order:
+                    break
+                continue
+            chosen.append(item)
             used += cost
         return chosen
 
-    def _sections(
+    async def _fit_recent(self, recent: Sequence[Turn], limit: int) -> list[Turn]:
+        """The newest turns that fit, oldest first (a window that would open with the
+        assistant's message also pays for the line that opens it instead)."""
+        opening = self.message_tokens(await self._engine.count_tokens(HISTORY_OPENING))
+        chosen: list[Turn] = []
+        used = 0
+        for turn in reversed(recent):
+            cost = self.message_tokens(turn.prompt_tokens)
+            if used + cost + (opening if turn.role == "assistant" else 0) > limit:
+                break
+            chosen.append(turn)
+            used += cost
+        chosen.reverse()
+        return chosen
+
+    async def _section_tokens(
         self,
         messages: Sequence[ChatMessage],
         prompt_tokens: int,
-        *,
-        recent: Sequence[RecentTurn],
-        facts: Sequence[PinnedFact],
-        new_facts: Sequence[PinnedFact],
-        memories: Sequence[RetrievedMemory],
-        knowledge: Sequence[RetrievedKnowledge],
+        plan: Plan,
+        recent: Sequence[Turn],
+        shown_memories: Sequence[SearchHit],
+        shown_knowledge: Sequence[KnowledgeHit],
     ) -> SectionTokens:
         """Section sizes that add up to the prompt: each section's text in tokens, and
         `template` for what the chat template adds around the messages' contents.
@@ -327,66 +349,31 @@ class ContextAssembler:
         between turns that share a message.
         """
         count = self._engine.count_tokens
-        contents = [count(m.content) for m in messages]
-        static = count(self._static)
-        with_facts = count(self.system_text(facts, "")) if facts else static
-        new_facts_tokens = count(new_facts_text(new_facts)) if new_facts else 0
-        memory_tokens = count(memory_text(memories)) if memories else 0
-        knowledge_tokens = count(knowledge_text(knowledge)) if knowledge else 0
-        per_turn = new_facts_tokens + memory_tokens + knowledge_tokens
-        window = sum(count(history_message(t).content) for t in recent)
+        contents = [await count(m.content) for m in messages]
+        static = await count(self._static)
+        with_facts = await count(self.system_text(plan.facts, "")) if plan.facts else static
+        new_facts = await count(new_facts_text(plan.new_facts)) if plan.new_facts else 0
+        memories = await count(memory_text(shown_memories)) if shown_memories else 0
+        knowledge = await count(knowledge_text(shown_knowledge)) if shown_knowledge else 0
+        per_turn = new_facts + memories + knowledge
+        window = sum([await count(history_message(t).content) for t in recent])
         if messages[1].content == HISTORY_OPENING:
             window += contents[1]
         in_system = 0 if self._stable_layout else per_turn
         return SectionTokens(
             system=static,
-            facts=with_facts - static + new_facts_tokens,
+            facts=with_facts - static + new_facts,
             summary=contents[0] - with_facts - in_system,
             recent=window,
-            memories=memory_tokens,
+            memories=memories,
             new_message=sum(contents[1:]) - window - (per_turn - in_system),
             template=prompt_tokens - sum(contents),
-            knowledge=knowledge_tokens,
+            knowledge=knowledge,
         )
 
-    def _fit_memories(
-        self, memories: Sequence[RetrievedMemory], limit: int
-    ) -> list[RetrievedMemory]:
-        chosen: list[RetrievedMemory] = []
-        used = self._engine.count_tokens(MEMORY_HEADER) + 2
-        for memory in memories:
-            cost = self._engine.count_tokens(format_memory(memory)) + 1
-            if used + cost > limit:
-                continue
-            chosen.append(memory)
-            used += cost
-        return chosen
 
-    def _fit_knowledge(
-        self, chunks: Sequence[RetrievedKnowledge], limit: int
-    ) -> list[RetrievedKnowledge]:
-        """The best chunks that fit the knowledge share, best first."""
-        chosen: list[RetrievedKnowledge] = []
-        used = self._engine.count_tokens(KNOWLEDGE_HEADER) + 2
-        for chunk in chunks:
-            cost = self._engine.count_tokens(format_knowledge(chunk)) + 1
-            if used + cost > limit:
-                continue
-            chosen.append(chunk)
-            used += cost
-        return chosen
-
-    def _fit_recent(self, recent: Sequence[RecentTurn], limit: int) -> list[RecentTurn]:
-        """The newest turns that fit, oldest first (a window that would open with the
-        assistant's message also pays for the line that opens it instead)."""
-        opening = self.message_tokens(self._engine.count_tokens(HISTORY_OPENING))
-        chosen: list[RecentTurn] = []
-        used = 0
-        for turn in reversed(recent):
-            cost = self.message_tokens(turn.token_count)
-            if used + cost + (opening if turn.role == "assistant" else 0) > limit:
-                break
-            chosen.append(turn)
-            used += cost
-        chosen.reverse()
-        return chosen
+def _omitted(plan: Plan) -> tuple[int, ...]:
+    """Pinned facts left out because the facts budget was full, lowest priority last."""
+    chosen = {f.id for f in [*plan.facts, *plan.new_facts]}
+    every = sorted([*plan.sections.pinned, *plan.sections.new_facts], key=fact_order)
+    return tuple(f.id for f in every if f.id not in chosen)

@@ -18,10 +18,11 @@ import json
 import re
 from collections.abc import Sequence
 
-from retrieval.facts.memory import PinnedFact
-from retrieval.prompt.report import RecentTurn, RetrievedKnowledge, RetrievedMemory
+from retrieval.knowledge.base import KnowledgeHit
 from retrieval.protocols import ChatMessage
 from retrieval.text import INVISIBLE
+from retrieval.turns import SearchHit, Turn
+from storage.records import Fact
 
 # Characters JSON leaves as they are but that break or hide a line for a reader or a
 # tokenizer: NEL, the line and paragraph separators, and the invisible ones.
@@ -68,7 +69,7 @@ HISTORY_OPENING = "[memchat] Earlier messages of this conversation are left out.
 _BULLET = re.compile(r"^[-*•]\s+")
 
 
-def format_fact(fact: PinnedFact) -> str:
+def format_fact(fact: Fact) -> str:
     stated = fact.valid_from.astimezone(dt.UTC).strftime("%Y-%m-%d")
     return f"- {quote(fact.text)} (stated {stated})"
 
@@ -79,12 +80,14 @@ def speaker_label(role: str, name: str | None) -> str:
     return f"{label} (name {quote(one_line(name))})" if name else label
 
 
-def format_memory(memory: RetrievedMemory) -> str:
-    stamp = memory.created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
-    return f"- [{stamp}] {speaker_label(memory.role, memory.name)}: {quote(memory.text)}"
+def format_memory(hit: SearchHit) -> str:
+    turn = hit.turn
+    stamp = turn.created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
+    return f"- [{stamp}] {speaker_label(turn.role, turn.name)}: {quote(turn.content)}"
 
 
-def format_knowledge(chunk: RetrievedKnowledge) -> str:
+def format_knowledge(hit: KnowledgeHit) -> str:
+    chunk = hit.chunk
     source = " > ".join(part for part in (chunk.title, chunk.heading_path) if part)
     return f"- from {quote(source)}: {quote(chunk.text)}"
 
@@ -95,26 +98,26 @@ def summary_text(summary: str) -> str:
     return "\n".join([SUMMARY_HEADER, *(f"- {quote(line)}" for line in lines if line)])
 
 
-def facts_text(facts: Sequence[PinnedFact]) -> str:
+def facts_text(facts: Sequence[Fact]) -> str:
     return "\n".join([FACTS_HEADER, *(format_fact(f) for f in facts)])
 
 
-def new_facts_text(facts: Sequence[PinnedFact]) -> str:
+def new_facts_text(facts: Sequence[Fact]) -> str:
     return "\n".join([NEW_FACTS_HEADER, *(format_fact(f) for f in facts)])
 
 
-def memory_text(memories: Sequence[RetrievedMemory]) -> str:
+def memory_text(memories: Sequence[SearchHit]) -> str:
     return "\n".join([MEMORY_HEADER, *(format_memory(m) for m in memories)])
 
 
-def knowledge_text(chunks: Sequence[RetrievedKnowledge]) -> str:
+def knowledge_text(chunks: Sequence[KnowledgeHit]) -> str:
     return "\n".join([KNOWLEDGE_HEADER, *(format_knowledge(c) for c in chunks)])
 
 
 def context_block(
-    new_facts: Sequence[PinnedFact],
-    memories: Sequence[RetrievedMemory],
-    knowledge: Sequence[RetrievedKnowledge],
+    new_facts: Sequence[Fact],
+    memories: Sequence[SearchHit],
+    knowledge: Sequence[KnowledgeHit],
 ) -> str:
     """A turn's own context, which opens its user message ("" when there is none)."""
     parts = []
@@ -138,15 +141,22 @@ def with_note(note: str, content: str) -> str:
     return f"{note}\n{content}" if note else content
 
 
-def history_message(turn: RecentTurn) -> ChatMessage:
+def note_of(turn: Turn) -> str:
+    """The context block a turn was sent with, "" when it has none (or one of an
+    earlier format, which is not re-inserted)."""
+    notes = turn.context_note or []
+    return notes[0] if len(notes) == 1 and is_context_block(notes[0]) else ""
+
+
+def history_message(turn: Turn) -> ChatMessage:
     """A turn of the recent window as a chat message: the user's own words (after the
     context it was sent with), the assistant's, or a quoted imported system message,
     which never becomes a system message of the prompt."""
     if turn.role == "assistant":
-        return ChatMessage("assistant", turn.text)
+        return ChatMessage("assistant", turn.content)
     if turn.role == "user":
-        return ChatMessage("user", with_note(turn.note, turn.text))
-    return ChatMessage("user", f"{IMPORTED_SYSTEM} {quote(turn.text)}")
+        return ChatMessage("user", with_note(note_of(turn), turn.content))
+    return ChatMessage("user", f"{IMPORTED_SYSTEM} {quote(turn.content)}")
 
 
 def alternate(messages: Sequence[ChatMessage]) -> list[ChatMessage]:

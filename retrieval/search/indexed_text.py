@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from retrieval.text import CJK, CJK_CHAR
+from storage.records import Turn
 
 PREVIOUS_CHARS = 300
 
@@ -30,19 +31,6 @@ PREVIOUS_CHARS = 300
 # character, which counts as half a word (Chinese says in about two characters what
 # English says in a word).
 _WORD = re.compile(f"[{CJK}]|[^\\s{CJK}]+")
-
-
-@dataclass(frozen=True, slots=True)
-class TurnText:
-    """The parts of a stored turn that may go into its indexed text."""
-
-    session_id: str
-    seq: int
-    role: str
-    name: str | None
-    content: str
-    created_at: dt.datetime
-    image_caption: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +57,7 @@ class TextRecipe:
         return "+".join(parts)
 
 
-def speaker_of(turn: TurnText) -> str:
+def speaker_of(turn: Turn) -> str:
     return turn.name or turn.role
 
 
@@ -77,7 +65,7 @@ def format_date(value: dt.datetime) -> str:
     return f"{value.day} {value:%B %Y}"
 
 
-def own_text(recipe: TextRecipe, turn: TurnText, content: str | None = None) -> str:
+def own_text(recipe: TextRecipe, turn: Turn, content: str | None = None) -> str:
     """The turn (or `content`, a part of it) with its speaker, caption and date, as the
     recipe asks."""
     content = turn.content if content is None else content
@@ -111,9 +99,7 @@ def split_windows(text: str, num_words: int) -> list[str]:
     return windows or [text]
 
 
-def dense_pieces(
-    recipe: TextRecipe, turn: TurnText, previous: Sequence[TurnText] = ()
-) -> list[str]:
+def dense_pieces(recipe: TextRecipe, turn: Turn, previous: Sequence[Turn] = ()) -> list[str]:
     """The texts whose vectors make the turn's vector: its indexed text alone, or with a
     windowed recipe each window of the content (as the recipe renders a turn), the
     caption and the context."""
@@ -131,7 +117,7 @@ def dense_pieces(
     return pieces
 
 
-def context_text(recipe: TextRecipe, previous: Sequence[TurnText]) -> str:
+def context_text(recipe: TextRecipe, previous: Sequence[Turn]) -> str:
     """The last `recipe.previous` of the turns before one (oldest first), each cut short."""
     if not recipe.previous:
         return ""
@@ -141,22 +127,22 @@ def context_text(recipe: TextRecipe, previous: Sequence[TurnText]) -> str:
     )
 
 
-def indexed_text(recipe: TextRecipe, turn: TurnText, previous: Sequence[TurnText] = ()) -> str:
+def indexed_text(recipe: TextRecipe, turn: Turn, previous: Sequence[Turn] = ()) -> str:
     """The turn first (truncating embedders keep it), then its context."""
     return own_text(recipe, turn) + context_text(recipe, previous)
 
 
-def with_earlier(turns: Sequence[TurnText]) -> Iterator[tuple[TurnText, list[TurnText]]]:
+def with_earlier(turns: Sequence[Turn]) -> Iterator[tuple[Turn, list[Turn]]]:
     """Each turn with the turns before it in its own session, for turns given in order
     within each session (sessions may interleave)."""
-    seen: dict[str, list[TurnText]] = {}
+    seen: dict[str, list[Turn]] = {}
     for turn in turns:
         earlier = seen.setdefault(turn.session_id, [])
         yield turn, earlier
         earlier.append(turn)
 
 
-def indexed_parts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[tuple[str, str]]:
+def indexed_parts(recipe: TextRecipe, turns: Sequence[Turn]) -> list[tuple[str, str]]:
     """(own text, context text) of turns as `with_earlier` takes them: the turns before
     one in its own session are its context."""
     return [
@@ -165,6 +151,6 @@ def indexed_parts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[tuple[s
     ]
 
 
-def dense_texts(recipe: TextRecipe, turns: Sequence[TurnText]) -> list[list[str]]:
+def dense_texts(recipe: TextRecipe, turns: Sequence[Turn]) -> list[list[str]]:
     """The dense pieces of turns as `with_earlier` takes them, in the same order."""
     return [dense_pieces(recipe, turn, earlier) for turn, earlier in with_earlier(turns)]

@@ -74,8 +74,9 @@ def word_terms(text: str) -> dict[str, str]:
 @dataclass
 class _Scope:
     lengths: dict[int, float] = field(default_factory=dict)
-    terms: dict[int, Counter[str]] = field(default_factory=dict)
-    postings: dict[str, dict[int, int]] = field(default_factory=dict)
+    # Term weights per document: counts, plus `context_weight` per term of its context.
+    terms: dict[int, dict[str, float]] = field(default_factory=dict)
+    postings: dict[str, dict[int, float]] = field(default_factory=dict)
     total_length: float = 0.0
     # Per term: (doc ids, counts, doc lengths) as arrays, rebuilt after the term changes.
     arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -181,9 +182,9 @@ class LexicalIndex:
         self._remove(index, ids)
         contexts = contexts if contexts is not None else [""] * len(texts)
         for doc_id, text, context in zip(ids, texts, contexts, strict=True):
-            counts: Counter[str] = Counter(tokenize(text))
+            counts: dict[str, float] = dict(Counter(tokenize(text)))
             for term in tokenize(context):
-                counts[term] += self._context_weight
+                counts[term] = counts.get(term, 0) + self._context_weight
             index.terms[doc_id] = counts
             index.lengths[doc_id] = sum(counts.values())
             index.total_length += index.lengths[doc_id]

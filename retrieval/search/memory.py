@@ -1,17 +1,17 @@
 """Turn memory: embeddings kept in SQL and mirrored into a per-user vector index, plus a
 per-user lexical (BM25) index, searched together and fused (by standardised scores
-or reciprocal rank; see `retrieval.search.fusion`), the lexical query widened by related words
-of the user's own vocabulary (`retrieval.search.expansion`).
+or reciprocal rank; see `retrieval.search.fusion`), the lexical query widened by related
+words of the user's own vocabulary (`retrieval.search.expansion`).
 
 Invariant: every vector in the index is also in SQL (`message_embeddings`). The index
 is loaded per user on first use and reconciled with SQL then (missing ids added from
 stored vectors, extra ids removed), so a lost, stale or corrupt file never means lost
 memories and never needs the embedder. The lexical index has no file: it is built from
-the user's stored turns on first use and kept in step by `index_messages` and `forget`.
+the user's stored turns on first use and kept in step by `index` and `forget`.
 
-What is indexed for a turn is its indexed text (`retrieval.search.indexed_text`); the recipe of
-the dense text is part of the stored model name, so vectors of another recipe are
-refused at start like vectors of another model (`memchat reindex` rebuilds them).
+What is indexed for a turn is its indexed text (`retrieval.search.indexed_text`); the
+recipe of the dense text is part of the stored model name, so vectors of another recipe
+are refused at start like vectors of another model (`memchat reindex` rebuilds them).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import structlog
 
 from retrieval.errors import EmbeddingModelMismatchError
+from retrieval.indexes.reconcile import reconcile
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
 from retrieval.search.fusion import (
@@ -31,10 +32,11 @@ from retrieval.search.fusion import (
     reciprocal_rank_fusion,
     standardised_fusion,
 )
-from retrieval.search.indexed_text import TextRecipe, TurnText, dense_texts, indexed_parts
+from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores, tokenize
-from storage.models import Message
-from storage.repository import Store, StoredVector
+from storage.embeddings import EmbeddingRepository, StoredVector
+from storage.messages import MessageRepository
+from storage.records import Turn
 
 log = structlog.get_logger(__name__)
 
@@ -70,18 +72,6 @@ class RetrievalConfig:
     neighbours: NeighbourConfig = field(default_factory=NeighbourConfig)
 
 
-def turn_text(message: Message) -> TurnText:
-    return TurnText(
-        session_id=message.session_id,
-        seq=message.seq,
-        role=message.role,
-        name=message.name,
-        content=message.content,
-        created_at=message.created_at,
-        image_caption=message.image_caption,
-    )
-
-
 def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     """One unit vector per turn from the vectors of its pieces, given in turn order
     (`counts[i]` pieces for turn i): their normalised mean; a single piece as it is."""
@@ -93,20 +83,24 @@ def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
-def text_for_embedding(message: Message) -> str:
-    """The raw turn: what the plain ("raw") recipe embeds."""
-    return message.content
+def in_session_order(turns: Sequence[Turn], earlier: Sequence[Turn] = ()) -> list[Turn]:
+    """`turns` with the `earlier` turns their indexed texts need, each session in order."""
+    ids = {t.id for t in turns}
+    merged = [*turns, *(t for t in earlier if t.id not in ids)]
+    return sorted(merged, key=lambda t: (t.session_id, t.seq))
 
 
 class TurnMemory:
     def __init__(
         self,
-        store: Store,
+        messages: MessageRepository,
+        embeddings: EmbeddingRepository,
         embedder: Embedder,
         index: VectorIndex,
         config: RetrievalConfig | None = None,
     ) -> None:
-        self._store = store
+        self._messages = messages
+        self._embeddings = embeddings
         self._embedder = embedder
         self._index = index
         self._config = config or RetrievalConfig()
@@ -136,10 +130,15 @@ class TurnMemory:
     def _needs_texts(self) -> bool:
         return self._config.mode != "dense" or self._config.duplicate_threshold <= 1
 
+    @property
+    def context_depth(self) -> int:
+        """How many earlier turns of its session a turn's indexed texts need."""
+        return max(self._config.dense_text.previous, self._config.lexical_text.previous)
+
     async def check_model(self) -> None:
         """Refuse to mix vectors of different models or texts: the fix is a full reindex."""
         wanted = (self.vector_model, self._embedder.dimension)
-        for model, dimension in await self._store.list_embedding_models():
+        for model, dimension in await self._embeddings.list_embedding_models():
             if (model, dimension) != wanted:
                 raise EmbeddingModelMismatchError(
                     f"stored vectors were made by {model!r} (dimension {dimension}) but the "
@@ -148,15 +147,28 @@ class TurnMemory:
                 )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return await asyncio.to_thread(self._embedder.embed, list(texts))
+        return await self._embedder.embed(list(texts))
 
-    def num_vectors(self) -> int:
-        """Vectors in the open scopes of the turn index (blocking: call from a thread)."""
-        return self._index.num_vectors()
+    async def embed_turn(
+        self, query: str | None, turn: Turn, earlier: Sequence[Turn]
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """In one call of the embedder: the query's vector (None without a query) and the
+        vector `turn` will be indexed with (its dense pieces, `earlier` its context)."""
+        pieces = dense_texts(self._config.dense_text, in_session_order([turn], earlier))
+        own = pieces[[t.id for t in in_session_order([turn], earlier)].index(turn.id)]
+        texts = [*([query] if query is not None else []), *own]
+        vectors = await self.embed(texts)
+        query_vector = vectors[0] if query is not None else None
+        turn_vectors = vectors[1:] if query is not None else vectors
+        return query_vector, mean_of_pieces(turn_vectors, [len(own)])[0]
 
-    def ping_index(self) -> None:
-        """Reach the turn index's store (blocking); raises IndexUnavailableError."""
-        self._index.ping()
+    async def num_vectors(self) -> int:
+        """Vectors in the open scopes of the turn index."""
+        return await self._index.num_vectors()
+
+    async def ping_index(self) -> None:
+        """Reach the turn index's store; raises IndexUnavailableError."""
+        await self._index.ping()
 
     async def ensure_scope(self, user_pk: int) -> None:
         if self._index.is_loaded(user_pk) and self._texts_ready(user_pk):
@@ -172,101 +184,96 @@ class TurnMemory:
         return not self._needs_texts or user_pk in self._texts_loaded
 
     async def _reconcile_vectors(self, user_pk: int) -> None:
-        result = self._index.load(user_pk)
-        sql_ids = await self._store.list_user_vector_ids(user_pk)
-        extra = result.ids - sql_ids
-        missing = sql_ids - result.ids
-        self._index.remove(user_pk, extra)
-        if missing:
-            stored = await self._store.list_user_vectors(user_pk, missing)
-            self._add_stored(user_pk, stored)
-        if result.status != "loaded" or extra or missing:
-            log.info(
-                "index_scope_reconciled",
-                scope=user_pk,
-                status=result.status,
-                num_added=len(missing),
-                num_removed=len(extra),
-            )
+        async def add(missing: set[int]) -> None:
+            stored = await self._embeddings.list_user_vectors(user_pk, missing)
+            await self._add_stored(user_pk, stored)
+
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk)
+        await reconcile(self._index, user_pk, sql_ids, add, event="index_scope_reconciled")
 
     async def _load_texts(self, user_pk: int) -> None:
         """Build the user's lexical index and fingerprints from every stored turn."""
-        messages = await self._store.list_user_messages(user_pk)
+        turns = await self._messages.list_user_messages(user_pk)
         self._lexical.reset(user_pk)
         self._neighbours.drop(user_pk)
-        self._add_texts(user_pk, messages, [turn_text(m) for m in messages])
+        self._add_texts(user_pk, turns, turns)
         self._texts_loaded.add(user_pk)
 
-    def _add_texts(self, user_pk: int, messages: Sequence[Message], turns: list[TurnText]) -> None:
-        """Index `messages` (in session order); `turns` may hold earlier context first."""
-        wanted = {m.id for m in messages}
-        by_key = {(m.session_id, m.seq): m.id for m in messages}
-        parts = indexed_parts(self._config.lexical_text, turns)
+    def _add_texts(self, user_pk: int, turns: Sequence[Turn], ordered: list[Turn]) -> None:
+        """Index `turns`; `ordered` is them with their context, in session order."""
+        wanted = {t.id for t in turns}
+        parts = indexed_parts(self._config.lexical_text, ordered)
         chosen = [
-            (by_key[(t.session_id, t.seq)], own, context)
-            for t, (own, context) in zip(turns, parts, strict=True)
-            if by_key.get((t.session_id, t.seq)) in wanted
+            (t.id, own, context)
+            for t, (own, context) in zip(ordered, parts, strict=True)
+            if t.id in wanted
         ]
         self._lexical.add(
             user_pk, [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen]
         )
-        for message in messages:
-            self._fingerprints[message.id] = frozenset(tokenize(message.content))
+        for turn in turns:
+            self._fingerprints[turn.id] = frozenset(tokenize(turn.content))
         if self._config.neighbours.is_enabled:
-            self._neighbours.add(
-                user_pk, [f"{m.content} {m.image_caption or ''}" for m in messages]
-            )
+            self._neighbours.add(user_pk, [f"{t.content} {t.image_caption or ''}" for t in turns])
 
-    async def _with_context(self, messages: Sequence[Message]) -> list[TurnText]:
-        """The turns of `messages` and the earlier turns their indexed texts need, in
-        session order."""
-        depth = max(self._config.dense_text.previous, self._config.lexical_text.previous)
-        have = {(m.session_id, m.seq) for m in messages}
-        wanted = {
-            (m.session_id, m.seq - back)
-            for m in messages
-            for back in range(1, depth + 1)
-            if m.seq - back > 0
-        } - have
-        earlier = await self._store.list_messages_by_seq(wanted) if wanted else []
-        turns = [turn_text(m) for m in [*messages, *earlier]]
-        return sorted(turns, key=lambda t: (t.session_id, t.seq))
-
-    def _add_stored(self, user_pk: int, stored: Sequence[StoredVector]) -> None:
+    async def _add_stored(self, user_pk: int, stored: Sequence[StoredVector]) -> None:
         if not stored:
             return
         matrix = np.stack([np.frombuffer(item.vector, dtype=np.float32) for item in stored])
-        self._index.add(user_pk, [item.message_id for item in stored], matrix)
+        await self._index.add(user_pk, [item.message_id for item in stored], matrix)
 
-    async def _embed_turns(self, messages: Sequence[Message], turns: list[TurnText]) -> np.ndarray:
-        """One vector per message: the normalised mean of its dense pieces' vectors."""
-        pieces = dense_texts(self._config.dense_text, turns)
-        by_key = {(t.session_id, t.seq): p for t, p in zip(turns, pieces, strict=True)}
-        wanted = [by_key[(m.session_id, m.seq)] for m in messages]
+    async def _embed_turns(self, turns: Sequence[Turn], ordered: list[Turn]) -> np.ndarray:
+        """One vector per turn: the normalised mean of its dense pieces' vectors."""
+        pieces = dense_texts(self._config.dense_text, ordered)
+        by_id = {t.id: p for t, p in zip(ordered, pieces, strict=True)}
+        wanted = [by_id[t.id] for t in turns]
         vectors = await self.embed([text for texts in wanted for text in texts])
         return mean_of_pieces(vectors, [len(texts) for texts in wanted])
 
-    async def index_messages(
-        self, messages: Sequence[Message], vectors: np.ndarray | None = None
+    async def index(
+        self,
+        turns: Sequence[Turn],
+        *,
+        vectors: Sequence[np.ndarray] | None = None,
+        earlier: Sequence[Turn] | None = None,
+        fresh: bool = False,
     ) -> None:
-        """Embed (unless given vectors of the raw turns and the recipe is raw), store the
-        vectors in SQL, then add the turns to the vector and lexical indexes."""
-        if not messages:
+        """Store the turns' vectors in SQL, then add the turns to the vector and lexical
+        indexes. `vectors` are the turns' own (from `embed_turn`), else they are embedded
+        here; `earlier` holds the turns before them that their texts need (else read from
+        SQL); `fresh` turns were just stored and have no vector to replace."""
+        if not turns:
             return
-        turns = await self._with_context(messages)
-        if vectors is None or not self._config.dense_text.is_raw:
-            vectors = await self._embed_turns(messages, turns)
+        if earlier is None:
+            earlier = await self._earlier(turns)
+        ordered = in_session_order(turns, earlier)
+        matrix = (
+            np.asarray(vectors) if vectors is not None else await self._embed_turns(turns, ordered)
+        )
         stored = [
-            StoredVector(m.id, m.user_pk, np.asarray(v, dtype=np.float32).tobytes())
-            for m, v in zip(messages, vectors, strict=True)
+            StoredVector(t.id, t.user_pk, np.asarray(v, dtype=np.float32).tobytes())
+            for t, v in zip(turns, matrix, strict=True)
         ]
-        await self._store.save_embeddings(self.vector_model, self._embedder.dimension, stored)
-        for user_pk in sorted({m.user_pk for m in messages}):
+        await self._embeddings.save_embeddings(
+            self.vector_model, self._embedder.dimension, stored, replace=not fresh
+        )
+        for user_pk in sorted({t.user_pk for t in turns}):
             await self.ensure_scope(user_pk)
-            self._add_stored(user_pk, [s for s in stored if s.user_pk == user_pk])
+            await self._add_stored(user_pk, [s for s in stored if s.user_pk == user_pk])
             if self._needs_texts:
-                mine = [m for m in messages if m.user_pk == user_pk]
-                self._add_texts(user_pk, mine, turns)
+                self._add_texts(user_pk, [t for t in turns if t.user_pk == user_pk], ordered)
+
+    async def _earlier(self, turns: Sequence[Turn]) -> list[Turn]:
+        """The turns before `turns` in their sessions that their indexed texts need."""
+        depth = self.context_depth
+        have = {(t.session_id, t.seq) for t in turns}
+        wanted = {
+            (t.session_id, t.seq - back)
+            for t in turns
+            for back in range(1, depth + 1)
+            if t.seq - back > 0
+        } - have
+        return await self._messages.list_messages_by_seq(wanted) if wanted else []
 
     async def search(
         self,
@@ -283,21 +290,18 @@ class TurnMemory:
         await self.ensure_scope(user_pk)
         config = self._config
         fetch = max(k, config.num_candidates)
-        use_dense = config.mode != "lexical" or query is None
-        use_lexical = config.mode != "dense" and query is not None
         rankings: list[list[ScoredId]] = []
         lexical = LexicalScores.empty()
-        if use_dense:
-            rankings.append(self._index.search(user_pk, vector, fetch, exclude))
-        if use_lexical:
-            assert query is not None
+        if config.mode != "lexical" or query is None:
+            rankings.append(await self._index.search(user_pk, vector, fetch, exclude))
+        if config.mode != "dense" and query is not None:
             terms = await self._query_terms(user_pk, query, exclude)
             lexical = self._lexical.score(user_pk, terms)
             rankings.append(lexical.top(fetch, exclude))
         if len(rankings) == 1:
             ranked = rankings[0]
         elif config.fusion == "zscore":
-            ranked = self._standardised(user_pk, vector, lexical, rankings)
+            ranked = await self._standardised(user_pk, vector, lexical, rankings)
         else:
             weights = [config.dense_weight, config.lexical_weight]
             ranked = reciprocal_rank_fusion(rankings, weights, config.rrf_c)
@@ -312,7 +316,7 @@ class TurnMemory:
         related = await self._neighbours.expand(user_pk, query, self.embed)
         return self._lexical.query_weights(user_pk, query, related, exclude)
 
-    def _standardised(
+    async def _standardised(
         self,
         user_pk: int,
         vector: np.ndarray,
@@ -322,9 +326,9 @@ class TurnMemory:
         """Dense and lexical hits fused by standardised scores, each candidate scored
         exactly by both (the lexical side from the scores its ranking came from)."""
         candidates = {hit.id for ranking in rankings for hit in ranking}
-        exact = [self._index.similarities(user_pk, vector, candidates), lexical.of(candidates)]
+        dense = await self._index.similarities(user_pk, vector, candidates)
         weights = [self._config.dense_weight, self._config.lexical_weight]
-        return standardised_fusion(rankings, exact, weights)
+        return standardised_fusion(rankings, [dense, lexical.of(candidates)], weights)
 
     def _fingerprint(self, message_id: int) -> frozenset[str]:
         return self._fingerprints.get(message_id, frozenset())
@@ -332,45 +336,47 @@ class TurnMemory:
     async def forget(self, user_pk: int, message_ids: Collection[int]) -> None:
         """Drop vectors and terms of messages already deleted from SQL."""
         await self.ensure_scope(user_pk)
-        self._index.remove(user_pk, message_ids)
+        await self._index.remove(user_pk, message_ids)
         self._lexical.remove(user_pk, message_ids)
         for message_id in message_ids:
             self._fingerprints.pop(message_id, None)
 
+    async def _drop_scope(self, user_pk: int) -> None:
+        """Every derived state of one user gone, vectors on disk included."""
+        await self._index.drop(user_pk)
+        self._lexical.drop(user_pk)
+        self._neighbours.drop(user_pk)
+        self._texts_loaded.discard(user_pk)
+
     async def forget_user(self, user_pk: int, message_ids: Collection[int]) -> None:
-        """Drop a user's whole scope (vectors on disk included) after their rows are gone."""
+        """Drop a user's whole scope after their rows are gone."""
         async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
-            self._index.drop(user_pk)
-            self._lexical.drop(user_pk)
-            self._neighbours.drop(user_pk)
-            self._texts_loaded.discard(user_pk)
+            await self._drop_scope(user_pk)
             for message_id in message_ids:
                 self._fingerprints.pop(message_id, None)
 
     async def reindex_user(self, user_pk: int) -> int:
         """Re-embed one user's turns with the configured model and rebuild their scope."""
         async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
-            await self._store.delete_user_embeddings(user_pk)
-            self._index.drop(user_pk)
-            self._lexical.drop(user_pk)
-            self._neighbours.drop(user_pk)
-            self._texts_loaded.discard(user_pk)
-        messages = await self._store.list_user_messages(user_pk)
-        for start in range(0, len(messages), REPAIR_BATCH_SIZE):
-            await self.index_messages(messages[start : start + REPAIR_BATCH_SIZE])
+            await self._embeddings.delete_user_embeddings(user_pk)
+            await self._drop_scope(user_pk)
+        turns = await self._messages.list_user_messages(user_pk)
+        for start in range(0, len(turns), REPAIR_BATCH_SIZE):
+            batch = turns[start : start + REPAIR_BATCH_SIZE]
+            await self.index(batch, earlier=turns, fresh=True)
         await self.ensure_scope(user_pk)
-        self._index.save()
-        return len(messages)
+        await self._index.save()
+        return len(turns)
 
-    def scope_sizes(self, user_pk: int) -> tuple[int, int]:
+    async def scope_sizes(self, user_pk: int) -> tuple[int, int]:
         """(vectors, lexical documents) of a user's loaded scope; (0, 0) if not loaded."""
-        return len(self._index.list_ids(user_pk)), len(self._lexical.list_ids(user_pk))
+        return len(await self._index.list_ids(user_pk)), len(self._lexical.list_ids(user_pk))
 
     async def repair_unembedded(self) -> int:
         """Embed and index messages that were stored without a vector (crash recovery)."""
         num_repaired = 0
-        while batch := await self._store.list_unembedded_messages(REPAIR_BATCH_SIZE):
-            await self.index_messages(batch)
+        while batch := await self._messages.list_unembedded_messages(REPAIR_BATCH_SIZE):
+            await self.index(batch)
             num_repaired += len(batch)
         if num_repaired:
             log.info("unembedded_messages_repaired", num_messages=num_repaired)
@@ -378,20 +384,20 @@ class TurnMemory:
 
     async def reindex_all(self) -> int:
         """Re-embed every stored message with the configured model and rebuild the index."""
-        await self._store.delete_all_embeddings()
-        self._index.drop_all()
+        await self._embeddings.delete_all_embeddings()
+        await self._index.drop_all()
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
         self._fingerprints.clear()
         self._texts_loaded.clear()
         num_messages = 0
         after_id = 0
-        while batch := await self._store.list_messages_after_id(after_id, REPAIR_BATCH_SIZE):
-            await self.index_messages(batch)
+        while batch := await self._messages.list_messages_after_id(after_id, REPAIR_BATCH_SIZE):
+            await self.index(batch, fresh=True)
             num_messages += len(batch)
             after_id = batch[-1].id
-        self.save()
+        await self.save()
         return num_messages
 
-    def save(self) -> None:
-        self._index.save()
+    async def save(self) -> None:
+        await self._index.save()

@@ -16,22 +16,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from retrieval.protocols import WindowTurn
 from retrieval.window.smalltalk import is_small_talk
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryState:
-    """The current summary version of a session (version 0: nothing compacted yet)."""
-
-    version: int = 0
-    through_seq: int = 0
-    pruned_seqs: frozenset[int] = frozenset()
-    text: str = ""
-    summarizer: str = ""
-    token_count: int = 0
-    # Pinned facts the system message carries (see SessionSummary.pinned_fact_ids).
-    pinned_fact_ids: frozenset[int] = frozenset()
+from storage.records import Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +40,8 @@ class WindowPolicy:
 @dataclass(frozen=True, slots=True)
 class Compaction:
     pruned_seqs: frozenset[int]
-    evicted: tuple[WindowTurn, ...] = ()
-    newly_pruned: tuple[WindowTurn, ...] = field(default=())
+    evicted: tuple[Turn, ...] = ()
+    newly_pruned: tuple[Turn, ...] = field(default=())
 
     @property
     def through_seq(self) -> int | None:
@@ -63,8 +49,8 @@ class Compaction:
 
 
 def plan_compaction(
-    window: Sequence[WindowTurn],
-    state: SummaryState,
+    window: Sequence[Turn],
+    pruned_seqs: frozenset[int],
     policy: WindowPolicy,
     message_tokens: Callable[[int], int],
 ) -> Compaction:
@@ -72,16 +58,16 @@ def plan_compaction(
     down to the low-water marks, small talk (oldest first), then the oldest messages in
     one chunk."""
 
-    def tokens(turns: Sequence[WindowTurn]) -> int:
-        return sum(message_tokens(t.token_count) for t in turns)
+    def tokens(turns: Sequence[Turn]) -> int:
+        return sum(message_tokens(t.prompt_tokens) for t in turns)
 
-    pruned = {t.seq for t in window if t.seq in state.pruned_seqs}
+    pruned = {t.seq for t in window if t.seq in pruned_seqs}
     live = [t for t in window if t.seq not in pruned]
     if len(live) <= policy.max_messages and tokens(live) <= policy.token_budget:
         return Compaction(frozenset(pruned))
     max_after = _messages_after(len(live), policy)
 
-    def over(turns: Sequence[WindowTurn]) -> bool:
+    def over(turns: Sequence[Turn]) -> bool:
         return len(turns) > max_after or tokens(turns) > policy.low_water_tokens
 
     newly = _small_talk_to_prune(live, policy, over, pruned)
@@ -105,19 +91,19 @@ def _messages_after(num_live: int, policy: WindowPolicy) -> int:
 
 
 def _small_talk_to_prune(
-    live: Sequence[WindowTurn],
+    live: Sequence[Turn],
     policy: WindowPolicy,
-    over: Callable[[Sequence[WindowTurn]], bool],
+    over: Callable[[Sequence[Turn]], bool],
     pruned: set[int],
-) -> list[WindowTurn]:
+) -> list[Turn]:
     """Small talk, oldest first, while what is left is `over` (the newest messages stay)."""
     taken = set(pruned)
-    newly: list[WindowTurn] = []
+    newly: list[Turn] = []
     prunable = live[: max(0, len(live) - policy.keep_last)]
     for position, turn in enumerate(prunable):
         if not over([t for t in live if t.seq not in taken]):
             break
-        if turn.seq in taken or not is_small_talk(turn.text):
+        if turn.seq in taken or not is_small_talk(turn.content):
             continue
         # An exchange of small talk goes as a whole: the reply does not dangle.
         exchange = [turn]
@@ -126,7 +112,7 @@ def _small_talk_to_prune(
             turn.role == "user"
             and following is not None
             and following.role == "assistant"
-            and is_small_talk(following.text)
+            and is_small_talk(following.content)
         ):
             exchange.append(following)
         taken.update(t.seq for t in exchange)
@@ -135,16 +121,16 @@ def _small_talk_to_prune(
 
 
 def _num_to_evict(
-    live: Sequence[WindowTurn],
+    live: Sequence[Turn],
     max_after: int,
     policy: WindowPolicy,
     message_tokens: Callable[[int], int],
 ) -> int:
     by_count = max(0, len(live) - max_after)
-    remaining = sum(message_tokens(t.token_count) for t in live)
+    remaining = sum(message_tokens(t.prompt_tokens) for t in live)
     by_tokens = 0
     while by_tokens < len(live) and remaining > policy.low_water_tokens:
-        remaining -= message_tokens(live[by_tokens].token_count)
+        remaining -= message_tokens(live[by_tokens].prompt_tokens)
         by_tokens += 1
     num = min(len(live), max(by_count, by_tokens))
     # The window opens with the user's message (chat templates want a user first): an

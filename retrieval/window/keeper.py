@@ -1,22 +1,25 @@
 """A session's recent window, kept within budget by pruning and compaction (see
-retrieval.window.compaction), with the state stored as summary versions in SQL."""
+`retrieval.window.compaction`), its state stored as summary versions in SQL.
+
+The window is read with the session (`load`), then kept within the room a turn's plan
+leaves it (`keep_within_budget`), which only computes the next summary version: the
+caller decides whether to store it (a turn does, a preview does not).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from retrieval.facts.memory import PinnedFact
 from retrieval.prompt.budget import ContextBudget
 from retrieval.prompt.layout import ContextAssembler
-from retrieval.prompt.render import is_context_block
-from retrieval.protocols import Summarizer, WindowTurn
-from retrieval.timeutil import as_utc
-from retrieval.window.compaction import SummaryState, WindowPolicy, plan_compaction
+from retrieval.prompt.render import note_of
+from retrieval.window.compaction import WindowPolicy, plan_compaction
+from retrieval.window.summarizers import Summarizer
 from storage.errors import ConflictError
-from storage.models import Message
-from storage.repository import Store
-from storage.summaries import SummaryStore
+from storage.messages import MessageRepository
+from storage.records import Fact, Summary, Turn
+from storage.summaries import SummaryRepository
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,90 +39,100 @@ class WindowConfig:
 
 @dataclass(frozen=True, slots=True)
 class WindowView:
-    state: SummaryState
-    turns: tuple[WindowTurn, ...]
-    pruned_message_ids: tuple[int, ...] = ()
+    """The window as a summary version leaves it: of the messages after the version's
+    `through_seq` (`loaded`), those it does not prune."""
+
+    summary: Summary
+    loaded: tuple[Turn, ...]
+    # A version computed for this view and not stored yet (None: the loaded one).
+    new_summary: Summary | None = None
+
+    @property
+    def turns(self) -> tuple[Turn, ...]:
+        pruned = set(self.summary.pruned_seqs or ())
+        return tuple(
+            t for t in self.loaded if t.seq > self.summary.through_seq and t.seq not in pruned
+        )
+
+    @property
+    def pruned_message_ids(self) -> tuple[int, ...]:
+        pruned = set(self.summary.pruned_seqs or ())
+        return tuple(
+            t.id for t in self.loaded if t.seq > self.summary.through_seq and t.seq in pruned
+        )
+
+    @property
+    def last_seq(self) -> int:
+        return max([self.summary.through_seq, *(t.seq for t in self.loaded)])
+
+    @property
+    def shown_ids(self) -> set[int]:
+        """Turns in view, and the past turns their kept contexts show."""
+        return {t.id for t in self.turns} | {
+            i for t in self.turns for i in (t.context_note_ids or ())
+        }
 
 
-def window_turn(row: Message) -> WindowTurn:
-    """A stored message as the window shows it. A context note kept by an earlier
-    version (not one block of the current format) is not re-inserted."""
-    notes = row.context_note or []
-    kept = len(notes) == 1 and is_context_block(notes[0])
-    return WindowTurn(
-        message_id=row.id,
-        seq=row.seq,
-        role=row.role,
-        name=row.name,
-        text=row.content,
-        # What the message takes in a prompt, its re-inserted context included.
-        token_count=row.token_count + (row.context_note_tokens if kept else 0),
-        created_at=as_utc(row.created_at),
-        note=notes[0] if kept else "",
-        note_ids=tuple(row.context_note_ids or ()) if kept else (),
-        note_fact_ids=tuple(row.context_note_fact_ids or ()) if kept else (),
-    )
+def current_notes(turns: Sequence[Turn]) -> list[Turn]:
+    """Turns whose kept context is of an earlier format lose it: it is not re-inserted,
+    so it neither counts nor hides the memories it showed."""
+    return [
+        t
+        if not t.context_note or note_of(t)
+        else replace(
+            t,
+            context_note=None,
+            context_note_tokens=0,
+            context_note_ids=None,
+            context_note_fact_ids=None,
+        )
+        for t in turns
+    ]
 
 
 class WindowKeeper:
     def __init__(
         self,
-        store: Store,
-        summaries: SummaryStore,
+        messages: MessageRepository,
+        summaries: SummaryRepository,
         summarizer: Summarizer,
         assembler: ContextAssembler,
         config: WindowConfig,
     ) -> None:
-        self._messages = store
+        self._messages = messages
         self._summaries = summaries
         self._summarizer = summarizer
         self._assembler = assembler
         self._config = config
 
-    @property
-    def summaries(self) -> SummaryStore:
-        return self._summaries
-
-    async def load(self, session_id: str) -> tuple[SummaryState, list[WindowTurn]]:
-        """The current summary state and every message after it, oldest first."""
-        row = await self._summaries.get_current_or_none(session_id)
-        state = SummaryState()
-        if row is not None:
-            state = SummaryState(
-                version=row.version,
-                through_seq=row.through_seq,
-                pruned_seqs=frozenset(row.pruned_seqs),
-                text=row.text,
-                summarizer=row.summarizer,
-                token_count=row.token_count,
-                pinned_fact_ids=frozenset(row.pinned_fact_ids or ()),
-            )
-        rows = await self._messages.list_messages(session_id, after_seq=state.through_seq)
-        return state, [window_turn(r) for r in rows]
+    async def load(self, summary: Summary) -> WindowView:
+        """The window after a summary version: every message after it, oldest first."""
+        turns = await self._messages.list_messages(
+            summary.session_id, after_seq=summary.through_seq
+        )
+        return WindowView(summary, tuple(current_notes(turns)))
 
     async def keep_within_budget(
         self,
-        session_id: str,
-        state: SummaryState,
-        window: Sequence[WindowTurn],
+        view: WindowView,
         *,
         budget: ContextBudget,
         room: int,
-        pinned: Sequence[PinnedFact],
+        pinned: Sequence[Fact],
         content_tokens: int,
-        persist: bool,
     ) -> WindowView:
-        """Prune and compact if the window is over `room` (what the prompt leaves it this
-        turn, see ContextAssembler.window_room) or over its message count; a turn stores
-        the new summary version, a preview only computes it.
+        """The window pruned and compacted if it is over `room` (what the prompt leaves it
+        this turn) or over its message count, with the new summary version it needs
+        (`new_summary`, not stored: see `store`).
 
         A compaction brings the window down to its low-water mark: the configured share
         of `room`, and never more than a window that fits with every other section at its
         full share, so the prompt of the compacting turn, with its grown summary and
         whatever it retrieves, keeps the whole window.
         """
-        at_full_shares = self._assembler.window_budget_at_full_shares(
-            budget, self._assembler.fit_facts(pinned, budget), content_tokens
+        summary = view.summary
+        at_full_shares = await self._assembler.window_budget_at_full_shares(
+            budget, await self._assembler.fit_facts(pinned, budget), content_tokens
         )
         policy = WindowPolicy(
             max_messages=self._config.max_messages,
@@ -127,49 +140,32 @@ class WindowKeeper:
             token_budget=room,
             low_water_tokens=max(0, min(int(room * self._config.low_water), at_full_shares)),
         )
-        plan = plan_compaction(window, state, policy, self._assembler.message_tokens)
-        if not plan.evicted and plan.pruned_seqs == state.pruned_seqs:
-            return view_of(state, window)
-        text = state.text
+        pruned_before = frozenset(summary.pruned_seqs or ())
+        plan = plan_compaction(view.loaded, pruned_before, policy, self._assembler.message_tokens)
+        if not plan.evicted and plan.pruned_seqs == pruned_before:
+            return view
+        text = summary.text
         if plan.evicted:
             limit = budget.share(budget.summary_share)
-            text = await self._summarizer.summarize(state.text, plan.evicted, limit)
-        new_state = SummaryState(
-            version=state.version + 1,
-            through_seq=plan.through_seq or state.through_seq,
-            pruned_seqs=plan.pruned_seqs,
+            text = await self._summarizer.summarize(summary.text, plan.evicted, limit)
+        new = Summary(
+            session_id=summary.session_id,
+            version=summary.version + 1,
+            through_seq=plan.through_seq or summary.through_seq,
+            pruned_seqs=sorted(plan.pruned_seqs),
             text=text,
-            summarizer=self._summarizer.name if plan.evicted else state.summarizer,
-            token_count=self._assembler.count_tokens(text) if text else 0,
+            summarizer=self._summarizer.name if plan.evicted else summary.summarizer,
+            token_count=await self._assembler.count_tokens(text) if text else 0,
             # The prefix changes here anyway: the system message takes up every pinned fact.
-            pinned_fact_ids=frozenset(f.id for f in pinned),
+            pinned_fact_ids=sorted(f.id for f in pinned),
         )
-        if persist:
-            await self._store(session_id, new_state)
-        return view_of(new_state, window)
+        return WindowView(new, view.loaded, new_summary=new)
 
-    async def _store(self, session_id: str, state: SummaryState) -> None:
+    async def store(self, summary: Summary) -> None:
+        """Store a computed summary version (a turn does; a preview does not)."""
         try:
-            await self._summaries.add_summary(
-                session_id,
-                version=state.version,
-                through_seq=state.through_seq,
-                pruned_seqs=sorted(state.pruned_seqs),
-                pinned_fact_ids=sorted(state.pinned_fact_ids),
-                text=state.text,
-                summarizer=state.summarizer,
-                token_count=state.token_count,
-            )
+            await self._summaries.add_summary(summary)
         except ConflictError:
             # Another process compacted this session first; its version stands and this
             # turn's prompt is built from an equivalent state.
             return
-
-
-def view_of(state: SummaryState, window: Sequence[WindowTurn]) -> WindowView:
-    """The window as `state` leaves it: the turns after the summary, less pruned ones."""
-    live = tuple(t for t in window if t.seq > state.through_seq and t.seq not in state.pruned_seqs)
-    pruned = tuple(
-        t.message_id for t in window if t.seq > state.through_seq and t.seq in state.pruned_seqs
-    )
-    return WindowView(state, live, pruned)

@@ -4,10 +4,22 @@ model: the sentences that carry facts, verbatim with date and speaker) or the en
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
-from retrieval.protocols import ChatMessage, Engine, SamplingParams, WindowTurn
+from retrieval.protocols import ChatMessage, Engine, SamplingParams
 from retrieval.window.smalltalk import is_small_talk
+from storage.records import Turn
+
+
+class Summarizer(Protocol):
+    """Folds turns that leave the recent window into the session's running summary."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def summarize(self, previous: str, turns: Sequence[Turn], max_tokens: int) -> str: ...
+
 
 _SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]*")
 _KEYWORDS = re.compile(
@@ -24,7 +36,7 @@ MAX_SENTENCE_CHARS = 240
 SUMMARY_LINE = re.compile(r"^- \[(?P<date>[^\]]*)\] (?P<speaker>[^:]+): (?P<text>.*)$")
 
 
-def summary_speaker(turn: WindowTurn) -> str:
+def summary_speaker(turn: Turn) -> str:
     """The speaker of a summary line: the turn's role, then the client's name, on one
     line and without a colon, so that a name can neither start a line nor pose as a
     role ("user (Caroline)")."""
@@ -49,23 +61,23 @@ class ExtractiveSummarizer:
 
     name = "extractive"
 
-    def __init__(self, count_tokens: Callable[[str], int]) -> None:
+    def __init__(self, count_tokens: Callable[[str], Awaitable[int]]) -> None:
         self._count_tokens = count_tokens
 
-    async def summarize(self, previous: str, turns: Sequence[WindowTurn], max_tokens: int) -> str:
+    async def summarize(self, previous: str, turns: Sequence[Turn], max_tokens: int) -> str:
         lines = [line for line in previous.splitlines() if SUMMARY_LINE.match(line)]
         for turn in turns:
-            if is_small_talk(turn.text):
+            if is_small_talk(turn.content):
                 continue
             stamp = turn.created_at.strftime("%Y-%m-%d")
-            for sentence in _SENTENCE.findall(turn.text):
+            for sentence in _SENTENCE.findall(turn.content):
                 sentence = " ".join(sentence.split())[:MAX_SENTENCE_CHARS]
                 if sentence and salience(sentence, turn.role) > 0:
                     lines.append(f"- [{stamp}] {summary_speaker(turn)}: {sentence}")
-        return "\n".join(self._fit(lines, max_tokens))
+        return "\n".join(await self._fit(lines, max_tokens))
 
-    def _fit(self, lines: list[str], max_tokens: int) -> list[str]:
-        costs = [self._count_tokens(line) + 1 for line in lines]
+    async def _fit(self, lines: list[str], max_tokens: int) -> list[str]:
+        costs = [await self._count_tokens(line) + 1 for line in lines]
         total = sum(costs)
         if total <= max_tokens:
             return lines
@@ -97,10 +109,10 @@ class LlmSummarizer:
         self._engine = engine
         self._instructions = instructions
 
-    async def summarize(self, previous: str, turns: Sequence[WindowTurn], max_tokens: int) -> str:
+    async def summarize(self, previous: str, turns: Sequence[Turn], max_tokens: int) -> str:
         summary = previous
         for batch in self._batches(turns, max_tokens):
-            transcript = "\n".join(f"{t.speaker}: {t.text}" for t in batch)
+            transcript = "\n".join(f"{t.speaker}: {t.content}" for t in batch)
             messages = [
                 ChatMessage("system", self._instructions),
                 ChatMessage(
@@ -112,10 +124,10 @@ class LlmSummarizer:
             summary = (await self._engine.generate(messages, params)).text.strip()
         return summary
 
-    def _batches(self, turns: Sequence[WindowTurn], max_tokens: int) -> list[list[WindowTurn]]:
+    def _batches(self, turns: Sequence[Turn], max_tokens: int) -> list[list[Turn]]:
         """Turns in batches whose transcript leaves room for the summary and the reply."""
         room = max(1, self._engine.context_window - 3 * max_tokens - 200)
-        batches: list[list[WindowTurn]] = [[]]
+        batches: list[list[Turn]] = [[]]
         used = 0
         for turn in turns:
             cost = turn.token_count + 8

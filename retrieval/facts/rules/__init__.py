@@ -1,4 +1,4 @@
-"""Fact extractors behind one interface (`FactExtractor` in retrieval.protocols)."""
+"""Fact extractors behind one interface (`FactExtractor` in retrieval.facts.model)."""
 
 from __future__ import annotations
 

@@ -26,12 +26,21 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import msgspec
+from litestar.enums import ScopeType
 
 from app.access.keys import AccessGate, is_admin_page, is_loopback
 from app.api.errors import PROBLEM_JSON, problem_body
 
 if TYPE_CHECKING:
-    from litestar.types import ASGIApp, Receive, Scope, Send
+    from litestar.types import (
+        ASGIApp,
+        HTTPResponseBodyEvent,
+        HTTPResponseStartEvent,
+        HTTPScope,
+        Receive,
+        Scope,
+        Send,
+    )
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CROSS_SITE = frozenset({"cross-site", "same-site"})
@@ -63,7 +72,7 @@ class RequestGuard:
         name = host_name(host)
         return is_loopback(name) or name in self._local_hosts
 
-    def _refusal(self, scope: Scope) -> str | None:
+    def _refusal(self, scope: HTTPScope) -> str | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
         local = self._gate.is_local_mode
@@ -82,7 +91,7 @@ class RequestGuard:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await self._app(scope, receive, send)
             return
         reason = self._refusal(scope)
@@ -90,14 +99,18 @@ class RequestGuard:
             await self._app(scope, receive, send)
             return
         body = msgspec.json.encode(problem_body(403, reason, scope["path"]))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 403,
-                "headers": [
-                    (b"content-type", PROBLEM_JSON.encode()),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        start: HTTPResponseStartEvent = {
+            "type": "http.response.start",
+            "status": 403,
+            "headers": [
+                (b"content-type", PROBLEM_JSON.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+        end: HTTPResponseBodyEvent = {
+            "type": "http.response.body",
+            "body": body,
+            "more_body": False,
+        }
+        await send(start)
+        await send(end)

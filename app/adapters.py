@@ -1,0 +1,116 @@
+"""The pluggable parts, picked from typed dicts by the settings: embedders, vector
+indexes, engines. Heavy imports stay inside the functions that build each adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+
+from app.settings import EmbedderSettings, EngineSettings, Settings
+from retrieval.protocols import Embedder, Engine, VectorIndex
+
+
+def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
+    from retrieval.embedders.onnx import OnnxEmbedder
+    from retrieval.embedders.sentence_transformers import default_model_path
+
+    return OnnxEmbedder(
+        config.model_path or default_model_path(),
+        config.model_name,
+        cache_dir,
+        batch_size=config.batch_size,
+        num_threads=config.num_threads,
+    )
+
+
+def _sentence_transformers(config: EmbedderSettings, _cache_dir: Path) -> Embedder:
+    from retrieval.embedders.sentence_transformers import (
+        SentenceTransformerEmbedder,
+        default_model_path,
+    )
+
+    return SentenceTransformerEmbedder(
+        config.model_path or default_model_path(),
+        config.model_name,
+        batch_size=config.batch_size,
+        num_threads=config.num_threads,
+    )
+
+
+def _faiss(directory: Path, dimension: int) -> VectorIndex:
+    from retrieval.indexes.faiss import FaissIndex
+
+    return FaissIndex(directory, dimension)
+
+
+async def _llamacpp(config: EngineSettings) -> Engine:
+    from retrieval.engines.llamacpp import LlamaCppEngine, default_model_path
+
+    return await LlamaCppEngine.loaded(
+        config.model_path or default_model_path(),
+        context_window=config.context_window,
+        num_threads=config.num_threads,
+        timeout_s=config.timeout_s,
+        num_slots=config.num_slots,
+    )
+
+
+async def _vllm(config: EngineSettings) -> Engine:
+    from retrieval.engines.vllm import VllmEngine
+
+    vllm = config.vllm
+    return await VllmEngine.connected(
+        vllm.urls,
+        model=vllm.model,
+        timeout_s=config.timeout_s,
+        connect_timeout_s=vllm.connect_timeout_s,
+        tokenize_timeout_s=vllm.tokenize_timeout_s,
+        connect_attempts=vllm.connect_attempts,
+        backoff_base_s=vllm.backoff_base_s,
+        failure_threshold=vllm.failure_threshold,
+        reset_after_s=vllm.reset_after_s,
+        isolate_tenant_cache=vllm.isolate_tenant_cache,
+    )
+
+
+EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
+    "onnx": _onnx,
+    "sentence-transformers": _sentence_transformers,
+}
+INDEXES: dict[str, Callable[[Path, int], VectorIndex]] = {"faiss": _faiss}
+ENGINES: dict[str, Callable[[EngineSettings], Awaitable[Engine]]] = {
+    "llamacpp": _llamacpp,
+    "vllm": _vllm,
+}
+
+
+async def load_embedder(settings: Settings) -> Embedder:
+    """The embedder, its model loaded in a worker thread."""
+    build = EMBEDDERS[settings.embedder.kind]
+    return await anyio.to_thread.run_sync(build, settings.embedder, settings.data_dir / "models")
+
+
+async def load_engine(settings: Settings) -> Engine:
+    return await ENGINES[settings.engine.kind](settings.engine)
+
+
+def build_chroma_index(settings: Settings, dimension: int, namespace: str) -> VectorIndex:
+    """Embedded Chroma under the data dir, or the server at `chroma_url`; opened on first use."""
+    from retrieval.indexes.chroma import ChromaIndex, embedded_client, server_client
+
+    if settings.chroma_url:
+        connect = server_client(settings.chroma_url)
+    else:
+        connect = embedded_client(settings.index_dir / "chroma")
+    return ChromaIndex(connect, dimension, namespace=namespace, prefix=settings.chroma_prefix)
+
+
+def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
+    """The index of past turns' vectors."""
+    if settings.index.kind == "chroma":
+        return build_chroma_index(settings, embedder.dimension, "turns")
+    return INDEXES[settings.index.kind](
+        settings.index_dir / settings.index.kind, embedder.dimension
+    )

@@ -1,0 +1,7 @@
+"""`python -m app.cli`: the `memchat` command."""
+
+import sys
+
+from app.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""Importing existing history into a session: stored, embedded and indexed when the call
+returns, idempotent by `external_id`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from retrieval.chat.config import ChatConfig
+from retrieval.chat.context import ContextBuilder
+from retrieval.chat.sessions import SessionLocks, session_of_tenant
+from retrieval.errors import InvalidInputError, TooLargeError
+from retrieval.protocols import Engine
+from retrieval.search.memory import TurnMemory
+from storage.messages import MessageRepository
+from storage.records import NewTurn
+from storage.sessions import SessionRepository
+
+
+class HistoryImport:
+    def __init__(
+        self,
+        sessions: SessionRepository,
+        messages: MessageRepository,
+        memory: TurnMemory,
+        builder: ContextBuilder,
+        engine: Engine,
+        locks: SessionLocks,
+        config: ChatConfig,
+        *,
+        on_new_messages: Callable[[int], None] | None = None,
+    ) -> None:
+        self._sessions = sessions
+        self._messages = messages
+        self._memory = memory
+        self._builder = builder
+        self._engine = engine
+        self._locks = locks
+        self._config = config
+        self._on_new_messages = on_new_messages or (lambda _user_pk: None)
+
+    def check(self, messages: Sequence[NewTurn]) -> None:
+        """Refuse an import over its limits (count, each message, all characters)."""
+        if len(messages) > self._config.max_import_messages:
+            raise InvalidInputError(
+                "messages",
+                f"{len(messages)} messages in one import; the limit is "
+                f"{self._config.max_import_messages}",
+            )
+        for position, item in enumerate(messages):
+            self._builder.validate(item.content, f"messages[{position}].content")
+        num_chars = sum(len(m.content) for m in messages)
+        if num_chars > self._config.max_import_chars:
+            raise TooLargeError(
+                "messages",
+                f"the messages hold {num_chars} characters together; one import takes at "
+                f"most {self._config.max_import_chars} (split it into several)",
+            )
+
+    async def run(
+        self, session_id: str, messages: Sequence[NewTurn], *, tenant_id: int
+    ) -> tuple[int, int]:
+        """Store and index existing history; returns (imported, skipped as duplicates)."""
+        self.check(messages)
+        state = await session_of_tenant(self._sessions, session_id, tenant_id)
+        counted = [
+            replace(m, token_count=await self._engine.count_tokens(m.content)) for m in messages
+        ]
+        async with self._locks.hold(session_id):
+            result = await self._messages.append(state.session, counted)
+            await self._memory.index(result.turns, fresh=True)
+        if result.turns:
+            self._on_new_messages(state.user.id)
+        return len(result.turns), result.num_skipped

@@ -1,0 +1,188 @@
+"""One chat turn: load -> embed -> search -> assemble -> persist -> generate -> persist ->
+index.
+
+Turns of one session are serialised (`SessionLocks`), so each turn's context sees every
+earlier turn of that session, reply included. The user's message is embedded once, in
+one call of the embedder for its query vector and the vector it is indexed with, and
+stored with the context it was sent with, after the context is built: a failing engine
+then finds it stored and indexed; no reply is stored.
+
+SQL per steady-state turn (test_statement_count): the session with its user, summary
+and knowledge flags; the window; the pinned facts; the retrieved turns; the message and
+its vector; the reply and its vector. The hops, function by function, are listed in
+docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+
+from retrieval.chat.config import ChatConfig
+from retrieval.chat.context import ContextBuilder
+from retrieval.chat.events import TurnEvent, TurnResult, TurnStarted
+from retrieval.chat.sessions import SessionLocks, session_of_tenant
+from retrieval.chat.timing import StageClock
+from retrieval.engines.routing import Route, current_route
+from retrieval.errors import EngineBusyError
+from retrieval.prompt.reuse import PrefixTracker
+from retrieval.protocols import Completion, Engine, SamplingParams
+from retrieval.search.memory import TurnMemory
+from retrieval.window.keeper import WindowKeeper
+from storage.messages import MessageRepository
+from storage.records import NewTurn, Session, Turn
+from storage.sessions import SessionRepository
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class ChatTurn:
+    def __init__(
+        self,
+        sessions: SessionRepository,
+        messages: MessageRepository,
+        memory: TurnMemory,
+        windows: WindowKeeper,
+        builder: ContextBuilder,
+        engine: Engine,
+        locks: SessionLocks,
+        prefixes: PrefixTracker,
+        config: ChatConfig,
+        *,
+        on_new_messages: Callable[[int], None] | None = None,
+        on_turn: Callable[[TurnResult], None] | None = None,
+    ) -> None:
+        self._sessions = sessions
+        self._messages = messages
+        self._memory = memory
+        self._windows = windows
+        self._builder = builder
+        self._engine = engine
+        self._locks = locks
+        self._prefixes = prefixes
+        self._config = config
+        # Told the user id after messages are stored (fact extraction runs off the path).
+        self._on_new_messages = on_new_messages or (lambda _user_pk: None)
+        # Told every finished turn (the app publishes its timings and token counts).
+        self._on_turn = on_turn or (lambda _result: None)
+        self._num_pending = 0
+
+    async def run(
+        self, session_id: str, content: str, params: SamplingParams, *, tenant_id: int
+    ) -> AsyncGenerator[TurnEvent]:
+        """Yields TurnStarted, then TextDeltas, then one TurnResult.
+
+        Bad input and unknown sessions raise before anything is stored. An engine failure
+        raises after the user message is stored and indexed; no reply is stored then.
+        """
+        content_tokens = await self._builder.check(content, params)
+        if self._num_pending >= self._config.max_pending_turns:
+            raise EngineBusyError(f"{self._num_pending} turns are already waiting for the engine")
+        self._num_pending += 1
+        try:
+            async for event in self._admitted(
+                session_id, content, content_tokens, params, tenant_id
+            ):
+                yield event
+        finally:
+            self._num_pending -= 1
+
+    async def complete(
+        self, session_id: str, content: str, params: SamplingParams, *, tenant_id: int
+    ) -> TurnResult:
+        async for event in self.run(session_id, content, params, tenant_id=tenant_id):
+            if isinstance(event, TurnResult):
+                return event
+        raise RuntimeError("turn ended without a result")  # pragma: no cover
+
+    async def _admitted(
+        self,
+        session_id: str,
+        content: str,
+        content_tokens: int,
+        params: SamplingParams,
+        tenant_id: int,
+    ) -> AsyncIterator[TurnEvent]:
+        clock = StageClock()  # the turn's total includes waiting for the session's lock
+        async with self._locks.hold(session_id):
+            state = await session_of_tenant(self._sessions, session_id, tenant_id)
+            view = await self._windows.load(state.summary)
+            sent_at = _now()
+            pending = Turn(
+                id=0,
+                session_id=session_id,
+                user_pk=state.user.id,
+                seq=view.last_seq + 1,
+                role="user",
+                name=None,
+                content=content,
+                created_at=sent_at,
+                external_id=None,
+                token_count=content_tokens,
+            )
+            with clock.stage("embed"):
+                query_vector, own_vector = await self._memory.embed_turn(
+                    content, pending, view.loaded
+                )
+            assert query_vector is not None
+            with clock.stage("context"):
+                built = await self._builder.build(
+                    state, view, query_vector, content, content_tokens, params, clock
+                )
+            if built.view.new_summary is not None:
+                await self._windows.store(built.view.new_summary)
+            report = built.context.report
+            message = await self._append(
+                state.session,
+                NewTurn(
+                    role="user",
+                    content=content,
+                    token_count=content_tokens,
+                    created_at=sent_at,
+                    context_note=[built.note] if built.note else None,
+                    context_note_tokens=built.note_tokens,
+                    context_note_ids=[h.turn.id for h in report.memories] if built.note else None,
+                    context_note_fact_ids=[f.id for f in report.new_facts] if built.note else None,
+                ),
+                view.last_seq,
+            )
+            await self._memory.index(
+                [message], vectors=[own_vector], earlier=view.loaded, fresh=True
+            )
+            self._prefixes.remember(session_id, built.tokens)
+            yield TurnStarted(message, built.context)
+            # The user's replica keeps their prefix cached. Set for the rest of this task
+            # (one request): each turn sets its own route before generating.
+            current_route.set(Route(key=str(state.user.id), tenant=str(state.user.tenant_id)))
+            completion: Completion | None = None
+            sent = time.perf_counter()
+            with clock.stage("generation"):
+                async for event in self._engine.stream(built.context.messages, params):
+                    if isinstance(event, Completion):
+                        completion = event
+                    else:
+                        clock.mark_once("time_to_first_token", since=sent)
+                        yield event
+            if completion is None:  # pragma: no cover - engines always finish with one
+                raise RuntimeError("engine stream ended without a completion")
+            reply = await self._append(
+                state.session,
+                NewTurn(
+                    role="assistant",
+                    content=completion.text,
+                    token_count=await self._engine.count_tokens(completion.text),
+                ),
+                message.seq,
+            )
+            await self._memory.index([reply], earlier=[*view.loaded, message], fresh=True)
+            self._on_new_messages(state.user.id)
+            result = TurnResult(message, reply, report, completion, clock.timings())
+            self._on_turn(result)
+            yield result
+
+    async def _append(self, session: Session, new: NewTurn, last_seq: int) -> Turn:
+        appended = await self._messages.append(session, [new], last_seq=last_seq)
+        return appended.turns[0]

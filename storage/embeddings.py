@@ -1,0 +1,101 @@
+"""The vectors of messages, with the model that made them: every vector index of turns is
+rebuilt from here."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, select
+
+from storage.db import Database
+from storage.models import MessageEmbedding
+
+BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVector:
+    message_id: int
+    user_pk: int
+    vector: bytes
+
+
+class EmbeddingRepository:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def save_embeddings(
+        self, model: str, dimension: int, vectors: Sequence[StoredVector], *, replace: bool = True
+    ) -> None:
+        """Store the vectors of messages in one transaction; `replace=False` for messages
+        just stored (they have none yet), else earlier vectors of them are replaced."""
+        if not vectors:
+            return
+        ids = [item.message_id for item in vectors]
+        async with self._db.transaction() as session:
+            if replace:
+                for start in range(0, len(ids), BATCH):
+                    await session.execute(
+                        delete(MessageEmbedding).where(
+                            MessageEmbedding.message_id.in_(ids[start : start + BATCH])
+                        )
+                    )
+            await session.execute(
+                insert(MessageEmbedding),
+                [
+                    {
+                        "message_id": item.message_id,
+                        "user_pk": item.user_pk,
+                        "model": model,
+                        "dimension": dimension,
+                        "vector": item.vector,
+                    }
+                    for item in vectors
+                ],
+            )
+
+    async def list_embedding_models(self) -> list[tuple[str, int]]:
+        async with self._db.transaction() as session:
+            rows = await session.execute(
+                select(MessageEmbedding.model, MessageEmbedding.dimension).distinct()
+            )
+            return [(model, int(dim)) for model, dim in rows.all()]
+
+    async def list_user_vector_ids(self, user_pk: int) -> set[int]:
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(MessageEmbedding.message_id).where(MessageEmbedding.user_pk == user_pk)
+            )
+            return {int(i) for i in rows.all()}
+
+    async def list_user_vectors(
+        self, user_pk: int, ids: Collection[int] | None = None
+    ) -> list[StoredVector]:
+        """Vectors of a user, by message id; all of them when `ids` is None."""
+        query = select(MessageEmbedding.message_id, MessageEmbedding.vector).where(
+            MessageEmbedding.user_pk == user_pk
+        )
+        chunks: list[list[int] | None] = [None]
+        if ids is not None:
+            ordered = sorted(ids)
+            chunks = [ordered[i : i + BATCH] for i in range(0, len(ordered), BATCH)]
+        found: list[StoredVector] = []
+        async with self._db.transaction() as session:
+            for chunk in chunks:
+                chunk_query = (
+                    query if chunk is None else query.where(MessageEmbedding.message_id.in_(chunk))
+                )
+                rows = await session.execute(chunk_query.order_by(MessageEmbedding.message_id))
+                found.extend(StoredVector(int(mid), user_pk, vec) for mid, vec in rows.all())
+        return found
+
+    async def delete_user_embeddings(self, user_pk: int) -> None:
+        async with self._db.transaction() as session:
+            await session.execute(
+                delete(MessageEmbedding).where(MessageEmbedding.user_pk == user_pk)
+            )
+
+    async def delete_all_embeddings(self) -> None:
+        async with self._db.transaction() as session:
+            await session.execute(delete(MessageEmbedding))

@@ -1,0 +1,134 @@
+"""The messages of sessions, in order: appended, read back by session, id or place."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, or_, select
+
+from storage.db import Database
+from storage.models import Message, MessageEmbedding
+from storage.records import NewTurn, Session, Turn, to_record
+from storage.sessions import known_external_ids, message_row
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    turns: list[Turn]
+    num_skipped: int
+
+
+def _turns(rows: Sequence[Message]) -> list[Turn]:
+    return [to_record(Turn, row) for row in rows]
+
+
+class MessageRepository:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def append(
+        self, chat: Session, new: Sequence[NewTurn], *, last_seq: int | None = None
+    ) -> AppendResult:
+        """Append messages in order; ones whose external_id the session holds are skipped.
+
+        `last_seq` is the session's last sequence number when the caller has just read it
+        (a turn has its window): then nothing is read first. Two writers of one session
+        with the same number conflict on (session, seq), and nothing of the later one is
+        stored (ConflictError).
+        """
+        async with self._db.transaction() as session:
+            if last_seq is None:
+                last_seq = await session.scalar(
+                    select(func.max(Message.seq)).where(Message.session_id == chat.id)
+                )
+            known = await known_external_ids(session, chat.id, new)
+            seq = int(last_seq or 0)
+            rows: list[Message] = []
+            num_skipped = 0
+            for item in new:
+                if item.external_id is not None and item.external_id in known:
+                    num_skipped += 1
+                    continue
+                if item.external_id is not None:
+                    known.add(item.external_id)
+                seq += 1
+                rows.append(message_row(chat.id, chat.user_pk, seq, item))
+            session.add_all(rows)
+            await session.flush()
+            return AppendResult(_turns(rows), num_skipped)
+
+    async def list_messages(
+        self, session_id: str, *, limit: int | None = None, after_seq: int = 0
+    ) -> list[Turn]:
+        query = (
+            select(Message)
+            .where(Message.session_id == session_id, Message.seq > after_seq)
+            .order_by(Message.seq)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        async with self._db.transaction() as session:
+            return _turns((await session.scalars(query)).all())
+
+    async def list_messages_by_id(self, user_pk: int, ids: Collection[int]) -> list[Turn]:
+        """Messages of one user by id (order not kept; ids of other users are ignored)."""
+        if not ids:
+            return []
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(Message).where(Message.user_pk == user_pk, Message.id.in_(list(ids)))
+            )
+            return _turns(rows.all())
+
+    async def list_user_messages(self, user_pk: int) -> list[Turn]:
+        """Every message of a user, each session's in order (to build derived indexes)."""
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(Message)
+                .where(Message.user_pk == user_pk)
+                .order_by(Message.session_id, Message.seq)
+            )
+            return _turns(rows.all())
+
+    async def list_messages_by_seq(self, keys: Collection[tuple[str, int]]) -> list[Turn]:
+        """Messages by (session id, seq), in one query; keys that match nothing are ignored."""
+        if not keys:
+            return []
+        by_session: dict[str, set[int]] = {}
+        for session_id, seq in keys:
+            by_session.setdefault(session_id, set()).add(seq)
+        condition = or_(
+            *(
+                (Message.session_id == session_id) & Message.seq.in_(sorted(seqs))
+                for session_id, seqs in sorted(by_session.items())
+            )
+        )
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(Message).where(condition).order_by(Message.session_id, Message.seq)
+            )
+            return _turns(rows.all())
+
+    async def list_unembedded_messages(self, limit: int) -> list[Turn]:
+        """Messages stored without a vector (a crash between the two writes)."""
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(Message)
+                .outerjoin(MessageEmbedding, MessageEmbedding.message_id == Message.id)
+                .where(MessageEmbedding.message_id.is_(None))
+                .order_by(Message.id)
+                .limit(limit)
+            )
+            return _turns(rows.all())
+
+    async def list_messages_after_id(
+        self, after_id: int, limit: int, *, user_pk: int | None = None
+    ) -> list[Turn]:
+        """Messages in id order after `after_id` (of one user when given), a page at a time."""
+        query = select(Message).where(Message.id > after_id)
+        if user_pk is not None:
+            query = query.where(Message.user_pk == user_pk)
+        async with self._db.transaction() as session:
+            rows = await session.scalars(query.order_by(Message.id).limit(limit))
+            return _turns(rows.all())

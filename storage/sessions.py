@@ -1,0 +1,237 @@
+"""Chat sessions: each of one user, its messages in order, its summary versions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, exists, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from storage.db import Database
+from storage.errors import NotFoundError
+from storage.models import (
+    ChatSession,
+    KnowledgeDocument,
+    Message,
+    MessageEmbedding,
+    SessionSummary,
+    utc_now,
+)
+from storage.models import User as UserRow
+from storage.records import NewTurn, Session, Summary, Turn, User, to_record
+from storage.users import get_or_add_user
+
+
+def is_uuid(value: str) -> bool:
+    """Session and document ids are UUIDs: anything else names no row (and is never sent
+    to the database, which may refuse it as a value: NUL)."""
+    try:
+        return str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """A session, its user and its current summary version, read together; and whether
+    knowledge documents exist that the user may be answered from (the tenant's shared
+    ones, the user's own), so that a turn opens no empty knowledge scope."""
+
+    session: Session
+    user: User
+    summary: Summary
+    has_shared_knowledge: bool = False
+    has_own_knowledge: bool = False
+
+
+class SessionRepository:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create_session(
+        self, user_external_id: str, title: str | None, metadata: dict[str, Any], *, tenant_id: int
+    ) -> tuple[Session, User]:
+        async with self._db.transaction() as session:
+            user = await get_or_add_user(session, tenant_id, user_external_id)
+            chat = ChatSession(
+                id=str(uuid.uuid4()),
+                user_pk=user.id,
+                title=title,
+                metadata_json=metadata,
+                created_at=utc_now(),
+            )
+            session.add(chat)
+            await session.flush()
+            return to_record(Session, chat), to_record(User, user)
+
+    async def get_session(self, session_id: str) -> tuple[Session, User]:
+        state = await self.get_state(session_id)
+        return state.session, state.user
+
+    async def get_state(self, session_id: str) -> SessionState:
+        """The session, its user, its current summary and the knowledge flags, in one
+        query."""
+        if not is_uuid(session_id):
+            raise NotFoundError("session", session_id)
+        latest = (
+            select(func.max(SessionSummary.version))
+            .where(SessionSummary.session_id == session_id)
+            .scalar_subquery()
+        )
+        shared = (
+            exists()
+            .where(KnowledgeDocument.user_pk.is_(None))
+            .where(KnowledgeDocument.tenant_id == UserRow.tenant_id)
+        )
+        own = exists().where(KnowledgeDocument.user_pk == UserRow.id)
+        query = (
+            select(ChatSession, UserRow, SessionSummary, shared, own)
+            .join(UserRow, UserRow.id == ChatSession.user_pk)
+            .outerjoin(
+                SessionSummary,
+                (SessionSummary.session_id == ChatSession.id) & (SessionSummary.version == latest),
+            )
+            .where(ChatSession.id == session_id)
+        )
+        async with self._db.transaction() as session:
+            row = (await session.execute(query)).first()
+            if row is None:
+                raise NotFoundError("session", session_id)
+            chat, user, summary, has_shared, has_own = row
+            current = Summary(session_id) if summary is None else to_record(Summary, summary)
+            return SessionState(
+                to_record(Session, chat),
+                to_record(User, user),
+                current,
+                has_shared_knowledge=bool(has_shared),
+                has_own_knowledge=bool(has_own),
+            )
+
+    async def list_sessions(
+        self, user_external_id: str, *, tenant_id: int
+    ) -> list[tuple[Session, int]]:
+        """Sessions of a user, oldest first, each with its number of messages."""
+        counts = (
+            select(Message.session_id, func.count(Message.id).label("n"))
+            .group_by(Message.session_id)
+            .subquery()
+        )
+        async with self._db.transaction() as session:
+            rows = await session.execute(
+                select(ChatSession, func.coalesce(counts.c.n, 0))
+                .join(UserRow, UserRow.id == ChatSession.user_pk)
+                .outerjoin(counts, counts.c.session_id == ChatSession.id)
+                .where(UserRow.tenant_id == tenant_id, UserRow.external_id == user_external_id)
+                .order_by(ChatSession.created_at, ChatSession.id)
+            )
+            return [(to_record(Session, chat), int(n)) for chat, n in rows.all()]
+
+    async def count_messages(self, session_id: str) -> int:
+        async with self._db.transaction() as session:
+            result = await session.scalar(
+                select(func.count(Message.id)).where(Message.session_id == session_id)
+            )
+            return int(result or 0)
+
+    async def delete_session(self, session_id: str) -> list[int]:
+        """Delete a session and its messages; returns the deleted message ids."""
+        async with self._db.transaction() as session:
+            chat = await session.get(ChatSession, session_id)
+            if chat is None:
+                raise NotFoundError("session", session_id)
+            ids = [
+                int(i)
+                for i in await session.scalars(
+                    select(Message.id).where(Message.session_id == session_id)
+                )
+            ]
+            # Explicit deletes: SQLite cascades only with its pragma, so do not rely on it.
+            await session.execute(
+                delete(MessageEmbedding).where(MessageEmbedding.message_id.in_(ids))
+            )
+            await session.execute(
+                delete(SessionSummary).where(SessionSummary.session_id == session_id)
+            )
+            await session.execute(delete(Message).where(Message.session_id == session_id))
+            await session.delete(chat)
+            return ids
+
+    async def list_user_sessions(
+        self, user_external_id: str, *, tenant_id: int
+    ) -> list[tuple[Session, list[Turn]]]:
+        """Every session of a user with all its messages, both in order (for export)."""
+        async with self._db.transaction() as session:
+            chats = (
+                await session.scalars(
+                    select(ChatSession)
+                    .join(UserRow, UserRow.id == ChatSession.user_pk)
+                    .where(UserRow.tenant_id == tenant_id, UserRow.external_id == user_external_id)
+                    .order_by(ChatSession.created_at, ChatSession.id)
+                )
+            ).all()
+            found = []
+            for chat in chats:
+                rows = await session.scalars(
+                    select(Message).where(Message.session_id == chat.id).order_by(Message.seq)
+                )
+                found.append((to_record(Session, chat), [to_record(Turn, r) for r in rows]))
+            return found
+
+    async def restore_session(
+        self, user_external_id: str, chat: Session, messages: Sequence[NewTurn], *, tenant_id: int
+    ) -> list[Turn] | None:
+        """Recreate an exported session as it was (its id, time and each message's place);
+        None, and no change, if its id exists."""
+        async with self._db.transaction() as session:
+            if await session.get(ChatSession, chat.id) is not None:
+                return None
+            user = await get_or_add_user(session, tenant_id, user_external_id)
+            session.add(
+                ChatSession(
+                    id=chat.id,
+                    user_pk=user.id,
+                    title=chat.title,
+                    metadata_json=chat.metadata_json,
+                    created_at=chat.created_at,
+                )
+            )
+            rows = [message_row(chat.id, user.id, m.seq or 0, m) for m in messages]
+            session.add_all(rows)
+            await session.flush()
+            return [to_record(Turn, r) for r in rows]
+
+
+def message_row(session_id: str, user_pk: int, seq: int, new: NewTurn) -> Message:
+    return Message(
+        session_id=session_id,
+        user_pk=user_pk,
+        seq=seq,
+        role=new.role,
+        name=new.name,
+        content=new.content,
+        created_at=new.created_at or utc_now(),
+        external_id=new.external_id,
+        token_count=new.token_count,
+        image_caption=new.image_caption,
+        context_note=new.context_note,
+        context_note_tokens=new.context_note_tokens,
+        context_note_ids=new.context_note_ids,
+        context_note_fact_ids=new.context_note_fact_ids,
+    )
+
+
+async def known_external_ids(
+    session: AsyncSession, session_id: str, new_messages: Sequence[NewTurn]
+) -> set[str]:
+    wanted = {m.external_id for m in new_messages if m.external_id is not None}
+    if not wanted:
+        return set()
+    rows = await session.scalars(
+        select(Message.external_id).where(
+            Message.session_id == session_id, Message.external_id.in_(wanted)
+        )
+    )
+    return {value for value in rows.all() if value is not None}
