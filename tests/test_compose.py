@@ -56,8 +56,9 @@ def test_topology_gpu_and_cpu_profiles_and_migrations_first() -> None:
 
 def test_every_variable_of_the_compose_file_is_documented() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
-    readme = (ROOT / "README.md").read_text()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    documented = "\n".join(page.read_text() for page in pages)
     used = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
     used |= {k for s in compose()["services"].values() for k in s.get("environment", {})}
-    missing = sorted(v for v in used if f"`{v}`" not in readme)
+    missing = sorted(v for v in used if f"`{v}`" not in documented)
     assert missing == []
