@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import msgspec
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-R = TypeVar("R", bound="DataclassInstance")
+R = TypeVar("R", bound="DataclassInstance | msgspec.Struct")
 
 
 def to_record(cls: type[R], row: object) -> R:
     """The record of an ORM row: each field read from the attribute of the same name."""
-    return cls(**{f.name: getattr(row, f.name) for f in fields(cls)})
+    names = (
+        [f.name for f in msgspec.structs.fields(cls)]
+        if issubclass(cls, msgspec.Struct)
+        else [f.name for f in fields(cls)]
+    )
+    return cls(**{name: getattr(row, name) for name in names})
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +77,21 @@ class Session:
     created_at: dt.datetime
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class StoredMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """A stored message's fields as every interface shows them: `Turn` below, the API's
+    `Message` and the export's `MessageRecord` extend this one list."""
+
+    session_id: str
+    seq: int
+    role: Literal["user", "assistant", "system"]
+    name: str | None
+    content: str
+    created_at: dt.datetime
+    external_id: str | None
+    token_count: int
+
+
+class Turn(StoredMessage, frozen=True, kw_only=True):
     """A stored message: the one shape of a turn above SQL.
 
     `context_note` is the per-turn context a user message was sent with (retrieved
@@ -80,15 +100,7 @@ class Turn:
     """
 
     id: int
-    session_id: str
     user_pk: int
-    seq: int
-    role: str
-    name: str | None
-    content: str
-    created_at: dt.datetime
-    external_id: str | None
-    token_count: int
     image_caption: str | None = None
     context_note: list[str] | None = None
     context_note_tokens: int = 0
@@ -140,22 +152,29 @@ class Summary:
     created_at: dt.datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Fact:
-    id: int
-    user_pk: int
+class FactFields(msgspec.Struct, frozen=True, kw_only=True):
+    """A fact's fields as every interface shows them: `Fact` below and the API's `Fact`
+    extend this one list."""
+
     text: str
     category: str
     subject: str | None
     value: str | None
     status: str
-    is_pinned: bool
     priority: int
     valid_from: dt.datetime
     valid_to: dt.datetime | None
     source_message_ids: list[int]
     created_at: dt.datetime
     updated_at: dt.datetime
+
+
+class Fact(FactFields, frozen=True, kw_only=True):
+    """A stored fact of one user; `vector` is its embedding by `model`, if any."""
+
+    id: int
+    user_pk: int
+    is_pinned: bool
     model: str | None
     vector: bytes | None
 

@@ -304,9 +304,4 @@ class AdminController(Controller):
     ) -> body.AuditLog:
         """Admin changes, newest first; page back with `before_id`."""
         rows = await access.list_audit(limit=limit, before_id=before_id)
-        return body.AuditLog(
-            entries=[
-                body.AuditEntry(e.id, e.at, e.actor, e.action, e.target, dict(e.detail))
-                for e in rows
-            ]
-        )
+        return body.AuditLog(entries=rows)

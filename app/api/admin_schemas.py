@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated
 
 from msgspec import Meta, Struct
 
 from app.api import schemas
+from storage.records import AuditEntry
 
 
 class Tenant(Struct):
@@ -92,15 +93,6 @@ class Statistics(Struct):
     index_bytes: Annotated[int | None, Meta(description="FAISS files on disk")]
     embedder: str
     engine: str
-
-
-class AuditEntry(Struct):
-    id: int
-    at: dt.datetime
-    actor: str
-    action: str
-    target: str
-    detail: dict[str, Any]
 
 
 class AuditLog(Struct):

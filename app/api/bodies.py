@@ -53,7 +53,7 @@ def report_body(report: ContextReport) -> schemas.ContextReport:
         pinned_facts=[_from(f, schemas.PinnedFactUsed) for f in report.pinned_facts],
         new_facts=[_from(f, schemas.PinnedFactUsed) for f in report.new_facts],
         memories=[_memory(hit) for hit in report.memories],
-        tokens=_from(report.sections, schemas.SectionTokens),
+        tokens=report.sections,
         knowledge=[_knowledge(hit, schemas.KnowledgeResult) for hit in report.knowledge],
     )
 

@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from retrieval.prompt.report import SectionTokens
 from retrieval.text import INVISIBLE
+from storage.records import FactFields, StoredMessage
 
 # A user id is addressable in a path: no "/", no control or invisible characters, no
 # space at either end, not blank.
@@ -51,16 +53,10 @@ class MessageCreate(Struct, forbid_unknown_fields=True):
     seed: Annotated[int, Meta(ge=0, le=2**32 - 1)] | None = None
 
 
-class Message(Struct):
+class Message(StoredMessage, frozen=True, kw_only=True):
+    """A stored message (its fields: `storage.records.StoredMessage`) and its id."""
+
     id: int
-    session_id: str
-    seq: int
-    role: str
-    name: str | None
-    content: str
-    created_at: dt.datetime
-    external_id: str | None
-    token_count: int
 
 
 class MessageList(Struct):
@@ -76,17 +72,6 @@ class MemoryUsed(Struct):
     text: str
     score: float
     created_at: dt.datetime
-
-
-class SectionTokens(Struct):
-    system: int
-    facts: int
-    summary: int
-    memories: int
-    recent: int
-    new_message: int
-    template: int
-    knowledge: int
 
 
 class KnowledgeResult(Struct, tag_field="kind", tag="knowledge"):
@@ -242,21 +227,13 @@ class FactChange(Struct):
     after: dict[str, Any] | None
 
 
-class Fact(Struct):
+class Fact(FactFields, frozen=True, kw_only=True):
+    """A fact (its fields: `storage.records.FactFields`), its user and, when asked for,
+    its history."""
+
     id: int
     user_id: str
-    text: str
-    category: str
-    subject: str | None
-    value: str | None
-    status: str
     pinned: bool
-    priority: int
-    valid_from: dt.datetime
-    valid_to: dt.datetime | None
-    source_message_ids: list[int]
-    created_at: dt.datetime
-    updated_at: dt.datetime
     history: list[FactChange] | None = None
 
 

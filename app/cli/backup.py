@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from retrieval.search.memory import TurnMemory
-from storage.records import NewTurn, Session
+from storage.records import NewTurn, Session, StoredMessage
 from storage.sessions import SessionRepository
 
 FORMAT = "memchat-export"
@@ -36,15 +36,11 @@ class SessionRecord(msgspec.Struct, tag="session", forbid_unknown_fields=True):
     created_at: dt.datetime
 
 
-class MessageRecord(msgspec.Struct, tag="message", forbid_unknown_fields=True, omit_defaults=True):
-    session_id: str
-    seq: int
-    role: Literal["user", "assistant", "system"]
-    name: str | None
-    content: str
-    created_at: dt.datetime
-    external_id: str | None
-    token_count: int
+class MessageRecord(
+    StoredMessage, frozen=True, tag="message", forbid_unknown_fields=True, omit_defaults=True
+):
+    """A message (its fields: `storage.records.StoredMessage`)."""
+
     # Only written when set, so exports without captions read as before.
     image_caption: str | None = None
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import structlog
 
@@ -254,7 +255,9 @@ class FactMemory:
             return list(facts)
         vectors = await self._embed([f.text for f in stale])
         fresh = {
-            f.id: replace(f, vector=v.astype(np.float32).tobytes(), model=self._model_name)
+            f.id: msgspec.structs.replace(
+                f, vector=v.astype(np.float32).tobytes(), model=self._model_name
+            )
             for f, v in zip(stale, vectors, strict=True)
         }
         await self._facts.save_vectors(

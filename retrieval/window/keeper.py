@@ -9,7 +9,9 @@ caller decides whether to store it (a turn does, a preview does not).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import msgspec
 
 from retrieval.prompt.budget import ContextBudget
 from retrieval.prompt.layout import ContextAssembler
@@ -79,7 +81,7 @@ def current_notes(turns: Sequence[Turn]) -> list[Turn]:
     return [
         t
         if not t.context_note or note_of(t)
-        else replace(
+        else msgspec.structs.replace(
             t,
             context_note=None,
             context_note_tokens=0,
