@@ -190,24 +190,29 @@ class FactChange:
     after: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
-class Document:
-    """A knowledge-base document (see `storage.models.KnowledgeDocument`)."""
+class DocumentFields(msgspec.Struct, frozen=True, kw_only=True):
+    """A knowledge document's fields as every interface shows them: `Document` below
+    and the API's `KnowledgeDocument` extend this one list."""
 
     id: str
-    tenant_id: int
-    user_pk: int | None
-    scope: str
     title: str
-    metadata_json: dict[str, Any]
     source: str
     filename: str | None
-    content: str
     content_hash: str
-    status: str
+    status: Literal["processing", "ready", "failed"]
     failure_reason: str | None
     num_chars: int
     num_chunks: int
     num_chunks_indexed: int
     created_at: dt.datetime
     updated_at: dt.datetime
+
+
+class Document(DocumentFields, frozen=True, kw_only=True):
+    """A knowledge-base document (see `storage.models.KnowledgeDocument`)."""
+
+    tenant_id: int
+    user_pk: int | None
+    scope: str
+    metadata_json: dict[str, Any]
+    content: str

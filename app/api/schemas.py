@@ -9,7 +9,7 @@ from msgspec import Meta, Struct
 
 from retrieval.prompt.report import SectionTokens
 from retrieval.text import INVISIBLE
-from storage.records import FactFields, StoredMessage
+from storage.records import DocumentFields, FactFields, StoredMessage
 
 # A user id is addressable in a path: no "/", no control or invisible characters, no
 # space at either end, not blank.
@@ -269,9 +269,6 @@ class SummaryList(Struct):
     summaries: list[Summary]
 
 
-DocumentStatus = Literal["processing", "ready", "failed"]
-
-
 class KnowledgeCreate(Struct, forbid_unknown_fields=True):
     title: Annotated[str, Meta(min_length=1, max_length=500)]
     text: str
@@ -279,23 +276,12 @@ class KnowledgeCreate(Struct, forbid_unknown_fields=True):
     metadata: dict[str, Any] = {}
 
 
-class KnowledgeDocument(Struct):
-    """A document; `num_chunks_indexed` of `num_chunks` shows the progress of processing."""
+class KnowledgeDocument(DocumentFields, frozen=True, kw_only=True):
+    """A document (its fields: `storage.records.DocumentFields`); `num_chunks_indexed`
+    of `num_chunks` shows the progress of processing."""
 
-    id: str
     user_id: str | None
-    title: str
     metadata: dict[str, Any]
-    source: str
-    filename: str | None
-    content_hash: str
-    status: DocumentStatus
-    failure_reason: str | None
-    num_chars: int
-    num_chunks: int
-    num_chunks_indexed: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
 
 
 class KnowledgeDocumentList(Struct):
