@@ -21,12 +21,23 @@ R = TypeVar("R", bound="DataclassInstance | msgspec.Struct")
 
 def to_record(cls: type[R], row: object) -> R:
     """The record of an ORM row: each field read from the attribute of the same name."""
-    names = (
-        [f.name for f in msgspec.structs.fields(cls)]
-        if issubclass(cls, msgspec.Struct)
-        else [f.name for f in fields(cls)]
-    )
-    return cls(**{name: getattr(row, name) for name in names})
+    return cls(**{name: getattr(row, name) for name in field_names(cls)})
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type[R]) -> tuple[str, ...]:
+    """A record class's field names (dataclass or Struct), kept per class: msgspec
+    resolves a Struct's annotations on every `fields` call."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        if issubclass(cls, msgspec.Struct):
+            names = tuple(f.name for f in msgspec.structs.fields(cls))
+        else:
+            names = tuple(f.name for f in fields(cls))
+        _FIELD_NAMES[cls] = names
+    return names
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,16 @@ from retrieval.protocols import Completion
 from retrieval.turns import SearchHit
 from storage.admin import ErasedUser, UserCounts
 from storage.knowledge import scope_of
-from storage.records import Document, Fact, FactChange, Session, Summary, Turn, User
+from storage.records import (
+    Document,
+    Fact,
+    FactChange,
+    Session,
+    Summary,
+    Turn,
+    User,
+    field_names,
+)
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -27,7 +36,7 @@ def _from(value: object, struct: type[S], **fields: Any) -> S:
     """`struct` from the attributes of `value`, with `fields` given or renamed."""
     if not fields:
         return msgspec.convert(value, struct, from_attributes=True)
-    names = [field.name for field in msgspec.structs.fields(struct)]
+    names = field_names(struct)
     found = {name: getattr(value, name) for name in names if hasattr(value, name)}
     return msgspec.convert({**found, **fields}, struct)
 
