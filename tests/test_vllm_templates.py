@@ -111,9 +111,14 @@ async def test_turns_on_a_strict_template(
             f"/v1/sessions/{session['id']}/context", json={"content": INJECTION}
         )
         messages = [ChatMessage(m["role"], m["content"]) for m in preview.json()["messages"]]
-        sent = await engine.prompt_tokens(messages)
-        start = (await engine.prompt_tokens([ChatMessage("system", "x")]))[0]
-        raw = raw_role_markers(url, messages) if template != "gemma" else []
+    # The app's engine lives on the test client's event loop: count on one of this loop.
+    counter = await VllmEngine.connected([url])
+    try:
+        sent = await counter.prompt_tokens(messages)
+        start = (await counter.prompt_tokens([ChatMessage("system", "x")]))[0]
+    finally:
+        await counter.close()
+    raw = raw_role_markers(url, messages) if template != "gemma" else []
     # From turn 3: turn 2's prompt is mostly new (the first reply and retrieved memories).
     ratios = [t["context"]["prefix_reuse"] / t["context"]["prompt_tokens"] for t in turns[2:]]
     cached = [
