@@ -258,7 +258,6 @@ async def build_runtime(
         repositories.sessions,
         repositories.messages,
         memory,
-        builder,
         engine,
         locks,
         config,

@@ -88,13 +88,10 @@ class ContextBuilder:
             knowledge_share=self._config.knowledge_share if self._knowledge else 0.0,
         )
 
-    def validate(self, content: str, field: str = "content") -> None:
-        check_text(content, field, self._config.max_content_chars)
-
     async def check(self, content: str, params: SamplingParams) -> int:
         """The message's tokens, after refusing one that cannot be taken (blank, too long,
         or not fitting the window with the system prompt and the reply)."""
-        self.validate(content)
+        check_text(content, "content", self._config.max_content_chars)
         budget = self.budget(params)
         limit = max_reply_tokens(budget.context_window)
         if params.max_tokens > limit:
@@ -131,9 +128,13 @@ class ContextBuilder:
             view, budget=budget, room=plan.window_room, pinned=pinned, content_tokens=content_tokens
         )
         if kept.summary != view.summary:
-            found = await self._find(state, kept, vector, content, pinned, clock)
+            # Knowledge does not depend on the window: only the turns are searched again.
+            found = await self._find(
+                state, kept, vector, content, pinned, clock, knowledge=found.knowledge
+            )
             plan = await self._assembler.plan(self._sections(found, kept, content), budget)
         assembled = await self._assembler.assemble(plan, kept.turns)
+        tokens = await self._engine.prompt_tokens(assembled.messages)
         report = replace(
             assembled.report,
             pinned_facts=tuple(
@@ -142,9 +143,8 @@ class ContextBuilder:
             summary_version=kept.summary.version,
             summary_through_seq=kept.summary.through_seq,
             pruned_message_ids=kept.pruned_message_ids,
+            prefix_reuse=self._prefixes.reuse(state.session.id, tokens),
         )
-        tokens = await self._engine.prompt_tokens(assembled.messages)
-        report = replace(report, prefix_reuse=self._prefixes.reuse(state.session.id, tokens))
         note = self._assembler.turn_context(report)
         return BuiltContext(
             context=replace(assembled, report=report),
@@ -173,21 +173,24 @@ class ContextBuilder:
         content: str,
         pinned: Sequence[Fact],
         clock: StageClock,
+        *,
+        knowledge: Sequence[KnowledgeHit] | None = None,
     ) -> _Found:
-        """This turn's memories and knowledge, and where each pinned fact goes, for the
-        window as `view` has it (its turns, and the turns its context notes show, are
-        not retrieved again)."""
+        """This turn's memories and knowledge (searched unless given), and where each
+        pinned fact goes, for the window as `view` has it (its turns, and the turns its
+        context notes show, are not retrieved again)."""
         user = state.user
         with clock.stage("search"):
-            scored, knowledge = await asyncio.gather(
-                self._memory.search(
-                    user.id, vector, self._config.retrieval_k, view.shown_ids, query=content
-                ),
-                self._knowledge_for(state, vector),
+            turns = self._memory.search(
+                user.id, vector, self._config.retrieval_k, view.shown_ids, query=content
             )
+            if knowledge is None:
+                scored, found = await asyncio.gather(turns, self._knowledge_for(state, vector))
+            else:
+                scored, found = await turns, list(knowledge)
             memories = await turn_hits(self._messages, user.id, scored)
         places = place_pinned(pinned, view.summary, view.turns, state.session.created_at)
-        return _Found(tuple(memories), tuple(knowledge), places)
+        return _Found(tuple(memories), tuple(found), places)
 
     async def _knowledge_for(self, state: SessionState, vector: np.ndarray) -> list[KnowledgeHit]:
         if self._knowledge is None or self._config.knowledge_k <= 0:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from retrieval.chat.config import ChatConfig
-from retrieval.chat.context import ContextBuilder
+from retrieval.chat.config import ChatConfig, check_text
 from retrieval.chat.sessions import SessionLocks, session_of_tenant
 from retrieval.errors import InvalidInputError, TooLargeError
 from retrieval.protocols import Engine
@@ -23,7 +22,6 @@ class HistoryImport:
         sessions: SessionRepository,
         messages: MessageRepository,
         memory: TurnMemory,
-        builder: ContextBuilder,
         engine: Engine,
         locks: SessionLocks,
         config: ChatConfig,
@@ -33,7 +31,6 @@ class HistoryImport:
         self._sessions = sessions
         self._messages = messages
         self._memory = memory
-        self._builder = builder
         self._engine = engine
         self._locks = locks
         self._config = config
@@ -48,7 +45,9 @@ class HistoryImport:
                 f"{self._config.max_import_messages}",
             )
         for position, item in enumerate(messages):
-            self._builder.validate(item.content, f"messages[{position}].content")
+            check_text(
+                item.content, f"messages[{position}].content", self._config.max_content_chars
+            )
         num_chars = sum(len(m.content) for m in messages)
         if num_chars > self._config.max_import_chars:
             raise TooLargeError(
