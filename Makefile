@@ -15,7 +15,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser haproxy
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,9 +66,10 @@ vllm: install
 vllm-serve: install
 	$(BIN)/memchat engine serve --port $(or $(VLLM_PORT),8001)
 
-# The docker-compose topology without Docker (local PostgreSQL, chroma run, vLLM on CPU,
-# the app), a smoke test through it, then everything stopped.
-stack-local: vllm
+# The docker-compose topology without Docker (local PostgreSQL, chroma run, two vLLM
+# replicas on CPU, two app processes behind haproxy), a smoke test through it, then
+# everything stopped.
+stack-local: vllm haproxy
 	$(BIN)/python tools/stack_local.py
 
 # The admin page's browser test drives Debian's chromium and chromedriver (headless).
@@ -80,7 +81,13 @@ browser:
 		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		  $(SUDO) apt-get install -y -qq chromium chromium-driver fonts-noto-cjk; }
 
-test: lint vllm browser
+# The load balancer of `make stack-local` (and of its test): Debian's haproxy.
+haproxy:
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || \
+		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		  $(SUDO) apt-get install -y -qq haproxy; }
+
+test: lint vllm browser haproxy
 	$(BIN)/pytest
 
 bench: install-dev

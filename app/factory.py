@@ -29,8 +29,10 @@ from app.access.keys import (
     check_local_mode,
     provide_principal,
 )
+from app.access.rate_limits import RedisRateLimits
 from app.api.admin import AdminController, Deployment
 from app.api.admin_page import AdminLoginController, AdminPageController, form_token_field
+from app.api.completions import ChatCompletionController
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.facts import FactController
 from app.api.guard import RequestGuard
@@ -40,6 +42,7 @@ from app.api.memory import MemoryController
 from app.api.metrics import metrics
 from app.api.openapi import ContractJsonRenderPlugin, ContractSwaggerRenderPlugin
 from app.api.sessions import SamplingDefaults, SessionController
+from app.mcp.http import mcp_endpoint
 from app.observability.metrics import ServiceMetrics
 from app.observability.requests import observe_requests
 from app.runtime import Runtime, build_runtime, close_runtime
@@ -70,6 +73,8 @@ def create_app(
         finally:
             gate.close()
             await close_runtime(runtime)
+            if shared_limits is not None:
+                await shared_limits.aclose()
 
     def provide_sampling() -> SamplingDefaults:
         return sampling
@@ -95,7 +100,17 @@ def create_app(
 
         return Provide(provide, sync_to_thread=False)
 
-    gate = AccessGate(settings.access.requests_per_minute)
+    shared_limits = (
+        RedisRateLimits.from_url(
+            settings.access.redis_url,
+            settings.access.redis_prefix,
+            timeout_s=settings.access.redis_timeout_s,
+        )
+        if settings.access.redis_url
+        else None
+    )
+    gate = AccessGate(settings.access.requests_per_minute, shared_limits)
+    mcp = mcp_endpoint(lambda: app.state.runtime)
     service_metrics = ServiceMetrics()
     sampling = SamplingDefaults(
         max_tokens=settings.engine.max_tokens,
@@ -111,6 +126,7 @@ def create_app(
         "turns": part("turns"),
         "previews": part("previews"),
         "history": part("history"),
+        "conversations": part("conversations"),
         "chat_sessions": part("sessions"),
         "memory_search": part("search"),
         "fact_memory": part("facts"),
@@ -131,6 +147,7 @@ def create_app(
     app = Litestar(
         route_handlers=[
             SessionController,
+            ChatCompletionController,
             MemoryController,
             FactController,
             KnowledgeController,
@@ -140,18 +157,20 @@ def create_app(
             healthz,
             readyz,
             metrics,
+            mcp.route,
         ],
         state=State(
             {
                 "metrics": service_metrics,
                 "access_gate": gate,
+                "shared_rate_limits": shared_limits,
                 "admin_session_ttl_s": settings.access.admin_session_ttl_s,
             }
         ),
         middleware=[DefineMiddleware(AccessMiddleware, exclude=PUBLIC_PATHS)],
         dependencies=dependencies,
         exception_handlers=EXCEPTION_HANDLERS,
-        lifespan=[lifespan],
+        lifespan=[lifespan, mcp.lifespan],
         openapi_config=OpenAPIConfig(
             title="memchat",
             version="0.1.0",

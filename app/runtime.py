@@ -17,6 +17,7 @@ from app.adapters import build_chroma_index, build_index, load_embedder, load_en
 from app.settings import ChatSettings, KnowledgeSettings, RetrievalSettings, Settings
 from retrieval.chat.config import ChatConfig
 from retrieval.chat.context import ContextBuilder
+from retrieval.chat.conversation import ClientConversation
 from retrieval.chat.events import TurnResult
 from retrieval.chat.history import HistoryImport
 from retrieval.chat.preview import ContextPreview
@@ -40,7 +41,9 @@ from retrieval.search.memory import RetrievalConfig, TurnMemory
 from retrieval.window.keeper import WindowConfig, WindowKeeper
 from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer, Summarizer
 from storage import migrate
+from storage.claims import JobClaimRepository
 from storage.db import Database
+from storage.locks import SessionLockRepository
 from storage.repositories import Repositories
 
 log = structlog.get_logger(__name__)
@@ -62,6 +65,7 @@ class Runtime:
     turns: ChatTurn
     previews: ContextPreview
     history: HistoryImport
+    conversations: ClientConversation
     sessions: ChatSessions
     search: MemorySearch
     operations: MemoryOperations
@@ -100,6 +104,7 @@ def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
             min_similarity=settings.neighbour_min_similarity,
             weight=settings.neighbour_weight,
         ),
+        max_open_users=settings.max_open_users,
     )
 
 
@@ -111,6 +116,7 @@ def knowledge_config(config: KnowledgeSettings) -> KnowledgeConfig:
         max_document_chars=config.max_document_chars,
         inline_chunks=config.inline_chunks,
         max_upload_bytes=config.max_upload_bytes,
+        sweep_interval_s=config.sweep_interval_s,
     )
 
 
@@ -159,6 +165,9 @@ def build_knowledge(
         embedder,
         build_chroma_index(settings, embedder.dimension, "knowledge"),
         knowledge_config(settings.knowledge),
+        claims=JobClaimRepository.open_or_none(
+            settings.resolved_database_url(), timeout_s=settings.database_timeout_s
+        ),
     )
 
 
@@ -207,7 +216,7 @@ async def build_runtime(
     await memory.check_model()
     await memory.repair_unembedded()
     knowledge = build_knowledge(settings, repositories, embedder)
-    await knowledge.resume_unfinished()
+    await knowledge.start()
     facts = FactMemory(
         repositories.facts,
         repositories.messages,
@@ -215,7 +224,9 @@ async def build_runtime(
         memory.embed,
         embedder.model_name,
     )
-    worker = FactWorker(facts) if settings.facts.extractor != "none" else None
+    worker = None
+    if settings.facts.extractor != "none":
+        worker = FactWorker(facts, sweep_interval_s=settings.facts.sweep_interval_s)
     notify = worker.notify if worker is not None else None
     system_prompt = settings.chat.system_prompt_file.read_text(encoding="utf-8").strip()
     assembler = await ContextAssembler.measured(
@@ -229,7 +240,12 @@ async def build_runtime(
         window_config(settings.chat),
     )
     config = chat_config(settings)
-    locks, prefixes = SessionLocks(), PrefixTracker()
+    shared_locks = SessionLockRepository.open_or_none(
+        settings.resolved_database_url(),
+        timeout_s=settings.chat.session_lock_timeout_s,
+        connect_timeout_s=settings.database_timeout_s,
+    )
+    locks, prefixes = SessionLocks(shared_locks), PrefixTracker()
     builder = ContextBuilder(
         memory,
         repositories.messages,
@@ -276,6 +292,9 @@ async def build_runtime(
         turns=turns,
         previews=ContextPreview(repositories.sessions, memory, windows, builder),
         history=history,
+        conversations=ClientConversation(
+            repositories.sessions, repositories.messages, history, turns
+        ),
         sessions=ChatSessions(repositories.sessions, memory, locks, prefixes, config),
         search=MemorySearch(
             repositories.messages,

@@ -96,6 +96,10 @@ class ChatSettings(BaseModel):
     # A session's (and a knowledge document's) metadata, encoded as JSON.
     max_metadata_bytes: int = Field(16_384, ge=2)
     max_pending_turns: int = Field(8, ge=1)
+    # PostgreSQL: a session's turns (and imports, deletions) are one at a time across
+    # processes too; the most one waits for another process's to end (then 503). Each
+    # wait holds a database connection of its own.
+    session_lock_timeout_s: float = Field(120.0, gt=0)
     # [system][recent window][memories][message]; False puts memories before the window,
     # which breaks the engine's prefix cache every turn (for bench/prefix_cache.py).
     stable_layout: bool = True
@@ -106,6 +110,10 @@ class FactSettings(BaseModel):
     # answers in schema-constrained JSON (for capable models); "none": off.
     extractor: Literal["rules", "llm", "none"] = "rules"
     prompt_file: Path = PROMPTS_DIR / "extract_facts.txt"
+    # Every this often each process queues the users whose messages are ahead of their
+    # extraction watermark: work another process was told of, or was doing when it was
+    # killed, is done by one that runs (docs/operations.md). 0 = only at start.
+    sweep_interval_s: float = Field(30.0, ge=0)
 
 
 class KnowledgeSettings(BaseModel):
@@ -117,6 +125,9 @@ class KnowledgeSettings(BaseModel):
     overlap_tokens: int = Field(32, ge=0, le=1024)
     embed_batch_size: int = Field(64, ge=1)
     inline_chunks: int = Field(64, ge=0, description="larger documents finish in the background")
+    # Every this often each process resumes the documents left `processing` that no
+    # process is working on (one killed mid-way). 0 = only at start.
+    sweep_interval_s: float = Field(30.0, ge=0)
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1)
     max_document_chars: int = Field(2_000_000, ge=1)
 
@@ -168,6 +179,10 @@ class RetrievalSettings(BaseModel):
     neighbour_words: int = Field(3, ge=0, le=20)
     neighbour_min_similarity: float = Field(0.5, ge=-1, le=1)
     neighbour_weight: float = Field(0.3, ge=0, le=1)
+    # Users whose turn indexes (vectors, BM25, vocabulary) a process keeps open; the least
+    # recently used beyond this are closed (FAISS scopes written to disk) and reopened
+    # on their next turn or search.
+    max_open_users: int = Field(1000, ge=8)
 
 
 class AccessSettings(BaseModel):
@@ -176,6 +191,15 @@ class AccessSettings(BaseModel):
     # Per key, unless the key has its own (`memchat keys create --requests-per-minute`);
     # 0 = no limit. A client application usually sends all its users' requests with one key.
     requests_per_minute: int = Field(1200, ge=0)
+    # A Redis server (e.g. redis://127.0.0.1:6379/0) that counts every API process's
+    # requests against one limit per key; None = each process counts its own (behind a
+    # load balancer over N processes a key then gets N times its limit). Redis down: 503.
+    redis_url: str | None = None
+    # Redis keys start with it: deployments sharing a Redis server never meet.
+    redis_prefix: str = Field("memchat", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,60}$")
+    # The most a rate-limit check waits for Redis to connect, then to answer; it tries
+    # twice (the first may meet a connection a Redis restart closed), then 503.
+    redis_timeout_s: float = Field(0.5, gt=0)
     # Made an admin key (tenant `operators`) at start when no key exists: lets a container
     # serve on its network address from the first start. At least 32 characters.
     bootstrap_admin_key: SecretStr | None = None

@@ -42,6 +42,18 @@ class EngineBusyError(EngineUnavailableError):
     """Too many turns are already waiting for the engine; nothing was stored."""
 
 
+class SessionBusyError(RetrievalError):
+    """Another process held the session (a turn, an import, a deletion) for longer than
+    the lock wait allows; nothing was stored."""
+
+    def __init__(self, session_id: str, timeout_s: float) -> None:
+        super().__init__(
+            f"session {session_id!r} is busy with another request: not free within {timeout_s:g} s"
+        )
+        self.session_id = session_id
+        self.timeout_s = timeout_s
+
+
 class IndexUnavailableError(RetrievalError):
     """A vector store (e.g. a Chroma server) cannot be reached or refused the operation."""
 

@@ -124,6 +124,11 @@ class VectorIndex(Protocol):
         """Forget one scope entirely, in memory and in storage (erasing a user)."""
         ...
 
+    async def unload(self, scope: int) -> None:
+        """Close one scope in this process (its changes written first), keeping it in
+        storage: the next `load` opens it again."""
+        ...
+
 
 class Engine(Protocol):
     """An LLM engine: chat generation plus its own tokenizer and context window.

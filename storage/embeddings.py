@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import Database
-from storage.models import MessageEmbedding
+from storage.models import MessageEmbedding, User
 
 BATCH = 500
 
@@ -21,17 +22,34 @@ class StoredVector:
     vector: bytes
 
 
+async def bump_memory_versions(session: AsyncSession, user_pks: Collection[int]) -> dict[int, int]:
+    """Count a change of each user's stored vectors, in the caller's transaction; returns
+    each user's new count (users that no longer exist are left out)."""
+    versions: dict[int, int] = {}
+    for user_pk in sorted(set(user_pks)):
+        version = await session.scalar(
+            update(User)
+            .where(User.id == user_pk)
+            .values(memory_version=User.memory_version + 1)
+            .returning(User.memory_version)
+        )
+        if version is not None:
+            versions[user_pk] = int(version)
+    return versions
+
+
 class EmbeddingRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
 
     async def save_embeddings(
         self, model: str, dimension: int, vectors: Sequence[StoredVector], *, replace: bool = True
-    ) -> None:
+    ) -> dict[int, int]:
         """Store the vectors of messages in one transaction; `replace=False` for messages
-        just stored (they have none yet), else earlier vectors of them are replaced."""
+        just stored (they have none yet), else earlier vectors of them are replaced.
+        Returns each user's new change count (`bump_memory_versions`)."""
         if not vectors:
-            return
+            return {}
         ids = [item.message_id for item in vectors]
         async with self._db.transaction() as session:
             if replace:
@@ -54,6 +72,13 @@ class EmbeddingRepository:
                     for item in vectors
                 ],
             )
+            return await bump_memory_versions(session, [item.user_pk for item in vectors])
+
+    async def get_memory_version(self, user_pk: int) -> int:
+        """The user's change count (0 for a user that does not exist)."""
+        async with self._db.transaction() as session:
+            version = await session.scalar(select(User.memory_version).where(User.id == user_pk))
+            return int(version or 0)
 
     async def list_embedding_models(self) -> list[tuple[str, int]]:
         async with self._db.transaction() as session:
@@ -95,7 +120,9 @@ class EmbeddingRepository:
             await session.execute(
                 delete(MessageEmbedding).where(MessageEmbedding.user_pk == user_pk)
             )
+            await bump_memory_versions(session, [user_pk])
 
     async def delete_all_embeddings(self) -> None:
         async with self._db.transaction() as session:
             await session.execute(delete(MessageEmbedding))
+            await session.execute(update(User).values(memory_version=User.memory_version + 1))

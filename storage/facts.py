@@ -9,13 +9,15 @@ applies it.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from storage.claims import FACT_EXTRACTION, claim_in_transaction, int4_key
 from storage.db import Database, rows_affected
 from storage.errors import NotFoundError
 from storage.models import Fact as FactRow
@@ -106,44 +108,23 @@ class FactRepository:
             return [to_record(FactChange, row) for row in rows.all()]
 
     async def record_facts(
-        self,
-        user_pk: int,
-        new_facts: Sequence[NewFact],
-        resolve: Resolver,
-        actor: str,
-        *,
-        through_message_id: tuple[int, int] | None = None,
-    ) -> list[Fact] | None:
-        """Apply new facts; returns the facts inserted or changed.
-
-        With `through_message_id=(old, new)` the user's extraction watermark moves from
-        `old` to `new` in the same transaction; if another process moved it first,
-        nothing is written and None is returned.
-        """
+        self, user_pk: int, new_facts: Sequence[NewFact], resolve: Resolver, actor: str
+    ) -> list[Fact]:
+        """Apply new facts; returns the facts inserted or changed."""
         async with self._db.transaction() as session:
-            if through_message_id is not None:
-                old, new = through_message_id
-                moved = await session.execute(
-                    update(UserRow)
-                    .where(UserRow.id == user_pk, UserRow.facts_through_message_id == old)
-                    .values(facts_through_message_id=new)
-                )
-                if rows_affected(moved) != 1:
-                    return None
-            active = list(
-                (
-                    await session.scalars(
-                        select(FactRow).where(
-                            FactRow.user_pk == user_pk, FactRow.status == "active"
-                        )
-                    )
-                ).all()
-            )
-            touched: list[FactRow] = []
-            for new_fact in new_facts:
-                touched += await _apply(session, user_pk, active, new_fact, resolve, actor)
-            await session.flush()
-            return [to_record(Fact, row) for row in touched]
+            return await _record(session, user_pk, new_facts, resolve, actor)
+
+    @asynccontextmanager
+    async def claim_extraction(self, user_pk: int) -> AsyncIterator[ExtractionClaim | None]:
+        """One batch of the user's fact extraction, claimed for the body's transaction:
+        None when another process's transaction holds it (that process reads the
+        messages). The claim's watermark is read after the claim was granted, so a batch
+        another process recorded just before is never read again."""
+        async with self._db.transaction() as session:
+            if not await claim_in_transaction(session, FACT_EXTRACTION, int4_key(user_pk)):
+                yield None
+                return
+            yield ExtractionClaim(session, user_pk, await _watermark(session, user_pk))
 
     async def update_fact(self, fact_id: int, actor: str, **fields: Any) -> Fact:
         """Change some of text, is_pinned, priority, category (and text's vector, model)."""
@@ -180,23 +161,78 @@ class FactRepository:
 
     async def get_watermark(self, user_pk: int) -> int:
         async with self._db.transaction() as session:
-            value = await session.scalar(
-                select(UserRow.facts_through_message_id).where(UserRow.id == user_pk)
-            )
-            if value is None:
-                raise NotFoundError("user", user_pk)
-            return int(value)
+            return await _watermark(session, user_pk)
 
     async def list_users_behind(self) -> list[int]:
-        """Users with messages that fact extraction has not read yet."""
+        """Users with messages that fact extraction has not read yet, by pk (one probe of
+        the (user, id) index of messages per user: cheap enough for a periodic sweep)."""
+        ahead = select(Message.id).where(
+            Message.user_pk == UserRow.id, Message.id > UserRow.facts_through_message_id
+        )
         async with self._db.transaction() as session:
-            rows = await session.execute(
-                select(UserRow.id)
-                .join(Message, Message.user_pk == UserRow.id)
-                .group_by(UserRow.id, UserRow.facts_through_message_id)
-                .having(func.max(Message.id) > UserRow.facts_through_message_id)
+            rows = await session.scalars(
+                select(UserRow.id).where(ahead.exists()).order_by(UserRow.id)
             )
-            return [int(r[0]) for r in rows.all()]
+            return [int(user_pk) for user_pk in rows.all()]
+
+
+class ExtractionClaim:
+    """A claimed batch of one user's fact extraction: the facts found in the messages
+    after `watermark` are recorded, and the watermark moved, in the claim's transaction."""
+
+    def __init__(self, session: AsyncSession, user_pk: int, watermark: int) -> None:
+        self._session = session
+        self.user_pk = user_pk
+        self.watermark = watermark
+
+    async def record(
+        self,
+        new_facts: Sequence[NewFact],
+        resolve: Resolver,
+        actor: str,
+        *,
+        through_message_id: int,
+    ) -> list[Fact] | None:
+        """Apply the facts and move the watermark to `through_message_id`; None, and
+        nothing written, where the watermark moved meanwhile (a restore from a backup)."""
+        moved = await self._session.execute(
+            update(UserRow)
+            .where(UserRow.id == self.user_pk, UserRow.facts_through_message_id == self.watermark)
+            .values(facts_through_message_id=through_message_id)
+        )
+        if rows_affected(moved) != 1:
+            return None
+        return await _record(self._session, self.user_pk, new_facts, resolve, actor)
+
+
+async def _watermark(session: AsyncSession, user_pk: int) -> int:
+    value = await session.scalar(
+        select(UserRow.facts_through_message_id).where(UserRow.id == user_pk)
+    )
+    if value is None:
+        raise NotFoundError("user", user_pk)
+    return int(value)
+
+
+async def _record(
+    session: AsyncSession,
+    user_pk: int,
+    new_facts: Sequence[NewFact],
+    resolve: Resolver,
+    actor: str,
+) -> list[Fact]:
+    active = list(
+        (
+            await session.scalars(
+                select(FactRow).where(FactRow.user_pk == user_pk, FactRow.status == "active")
+            )
+        ).all()
+    )
+    touched: list[FactRow] = []
+    for new_fact in new_facts:
+        touched += await _apply(session, user_pk, active, new_fact, resolve, actor)
+    await session.flush()
+    return [to_record(Fact, row) for row in touched]
 
 
 async def _fact_and_user(session: AsyncSession, fact_id: int) -> tuple[FactRow, UserRow]:

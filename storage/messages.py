@@ -71,6 +71,20 @@ class MessageRepository:
         async with self._db.transaction() as session:
             return _turns((await session.scalars(query)).all())
 
+    async def list_last_messages(self, session_id: str, limit: int) -> list[Turn]:
+        """The session's last `limit` messages, in order (a client's resent history is
+        matched against them)."""
+        if limit <= 0:
+            return []
+        query = (
+            select(Message)
+            .where(Message.session_id == session_id)
+            .order_by(Message.seq.desc())
+            .limit(limit)
+        )
+        async with self._db.transaction() as session:
+            return _turns((await session.scalars(query)).all())[::-1]
+
     async def list_messages_by_id(self, user_pk: int, ids: Collection[int]) -> list[Turn]:
         """Messages of one user by id (order not kept; ids of other users are ignored)."""
         if not ids:

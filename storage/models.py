@@ -166,6 +166,10 @@ class User(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)
     # Key facts are extracted from this user's messages up to this id (see FactWorker).
     facts_through_message_id: Mapped[int] = mapped_column(BigId, default=0, server_default="0")
+    # Counts the changes of this user's stored vectors (turns indexed or deleted), in the
+    # transactions that make them: a process whose derived indexes of the user saw an
+    # older count catches them up from SQL before it searches (storage/embeddings.py).
+    memory_version: Mapped[int] = mapped_column(BigId, default=0, server_default="0")
 
 
 class ChatSession(Base):

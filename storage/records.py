@@ -75,6 +75,8 @@ class User:
     tenant_id: int
     external_id: str
     created_at: dt.datetime
+    # The user's change counter when read (see storage.models.User.memory_version).
+    memory_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from storage.access import AccessRepository
 from storage.admin import AdminRepository
+from storage.backup import BackupRepository
 from storage.db import Database
 from storage.embeddings import EmbeddingRepository
 from storage.facts import FactRepository
@@ -28,6 +29,7 @@ class Repositories:
     knowledge: KnowledgeRepository
     access: AccessRepository
     admin: AdminRepository
+    backup: BackupRepository
 
     @classmethod
     def of(cls, db: Database) -> Repositories:
@@ -42,4 +44,5 @@ class Repositories:
             KnowledgeRepository(db),
             AccessRepository(db),
             AdminRepository(db),
+            BackupRepository(db),
         )

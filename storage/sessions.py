@@ -11,6 +11,7 @@ from sqlalchemy import delete, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import Database
+from storage.embeddings import bump_memory_versions
 from storage.errors import NotFoundError
 from storage.models import (
     ChatSession,
@@ -52,12 +53,20 @@ class SessionRepository:
         self._db = db
 
     async def create_session(
-        self, user_external_id: str, title: str | None, metadata: dict[str, Any], *, tenant_id: int
+        self,
+        user_external_id: str,
+        title: str | None,
+        metadata: dict[str, Any],
+        *,
+        tenant_id: int,
+        session_id: str | None = None,
     ) -> tuple[Session, User]:
+        """A new session (with `session_id` when the client names it: a UUID; an id that
+        exists conflicts)."""
         async with self._db.transaction() as session:
             user = await get_or_add_user(session, tenant_id, user_external_id)
             chat = ChatSession(
-                id=str(uuid.uuid4()),
+                id=session_id or str(uuid.uuid4()),
                 user_pk=user.id,
                 title=title,
                 metadata_json=metadata,
@@ -157,6 +166,7 @@ class SessionRepository:
             )
             await session.execute(delete(Message).where(Message.session_id == session_id))
             await session.delete(chat)
+            await bump_memory_versions(session, [chat.user_pk])
             return ids
 
     async def list_user_sessions(

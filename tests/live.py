@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,12 +60,16 @@ def cli_env(data_dir: Path, port: int = 8000) -> dict[str, str]:
 
 
 @contextmanager
-def serving(data_dir: Path) -> Iterator[httpx.Client]:
-    """`memchat serve` as a process; the client's `process` attribute is the server."""
+def serving(
+    data_dir: Path, *, extra_env: Mapping[str, str] | None = None
+) -> Iterator[httpx.Client]:
+    """`memchat serve` as a process; the client's `process` attribute is the server.
+
+    `extra_env` is added to (and overrides) `cli_env`, e.g. a `MEMCHAT_DATABASE_URL`."""
     port = free_port()
     process = subprocess.Popen(
         [*MEMCHAT, "serve"],
-        env=cli_env(data_dir, port),
+        env=cli_env(data_dir, port) | dict(extra_env or {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -228,16 +228,16 @@ async def test_rate_limit_per_key_answers_429_with_retry_after(
     assert (await client.get("/v1/knowledge", headers=bearer(keys.a))).status_code == 200
 
 
-def test_token_bucket_refills_at_the_configured_rate() -> None:
+async def test_token_bucket_refills_at_the_configured_rate() -> None:
     now = [0.0]
     limiter = RateLimiter(clock=lambda: now[0])
-    assert [limiter.retry_after_s(1, 60) for _ in range(60)] == [0] * 60
-    assert limiter.retry_after_s(1, 60) == 1
+    assert [await limiter.retry_after_s(1, 60) for _ in range(60)] == [0] * 60
+    assert await limiter.retry_after_s(1, 60) == 1
     now[0] = 0.5
-    assert limiter.retry_after_s(1, 60) == 1
+    assert await limiter.retry_after_s(1, 60) == 1
     now[0] = 1.0
-    assert limiter.retry_after_s(1, 60) == 0
-    assert limiter.retry_after_s(2, 60) == 0
+    assert await limiter.retry_after_s(1, 60) == 0
+    assert await limiter.retry_after_s(2, 60) == 0
 
 
 async def test_local_mode_runs_in_the_default_tenant_and_refuses_open_addresses(

@@ -126,3 +126,44 @@ async def test_unembedded_messages_are_repaired(repos: Repositories, tmp_path: P
     vectors = await repos.embeddings.list_user_vectors(user.id)
     assert len(vectors) == 1
     assert np.frombuffer(vectors[0].vector, dtype=np.float32).shape == (64,)
+
+
+async def test_idle_users_are_closed_beyond_the_cap_and_reopened_whole(
+    repos: Repositories, tmp_path: Path
+) -> None:
+    """With room for 8 open users, the 9th closes the least recently used (its FAISS
+    scope written to its file, its lexical index dropped); that user's next search
+    reopens it and ranks exactly as before."""
+    from dataclasses import replace
+
+    from retrieval.search.memory import RetrievalConfig
+
+    embedder = HashEmbedder()
+    memory = TurnMemory(
+        repos.messages,
+        repos.embeddings,
+        embedder,
+        FaissIndex(tmp_path / "cap", embedder.dimension),
+        replace(RetrievalConfig(), max_open_users=8),
+    )
+    users: list[tuple[int, list[int]]] = []
+    for number in range(12):
+        chat, user = await repos.sessions.create_session(
+            f"user-{number}", None, {}, tenant_id=DEFAULT_TENANT_ID
+        )
+        result = await repos.messages.append(
+            chat, [NewTurn(role="user", content=t, token_count=4) for t in TEXTS]
+        )
+        await memory.index(result.turns)
+        users.append((user.id, [m.id for m in result.turns]))
+    first_pk, first_ids = users[0]
+    before = await top_ids(memory, first_pk, "red car", k=3)
+    for user_pk, _ in users[1:]:
+        assert await top_ids(memory, user_pk, "blue bird", k=1)
+    assert memory.num_open_users == 8
+    assert (tmp_path / "cap" / f"scope-{first_pk}.faiss").exists()
+    assert await memory.scope_sizes(first_pk) == (0, 0)
+    assert await top_ids(memory, first_pk, "red car", k=3) == before
+    assert before[0] == first_ids[1]
+    assert await memory.scope_sizes(first_pk) == (3, 3)
+    assert memory.num_open_users == 8

@@ -192,3 +192,14 @@ async def test_num_vectors_counts_the_open_scopes(index: VectorIndex, make_index
 
 async def test_ping_reaches_the_store(index: VectorIndex) -> None:
     assert await index.ping() is None
+
+
+async def test_an_unloaded_scope_reopens_with_its_vectors(index: VectorIndex) -> None:
+    """Closing a scope (an idle user) keeps it in storage; the other scope stays open."""
+    await index.unload(1)
+    assert not index.is_loaded(1)
+    assert index.is_loaded(2)
+    reopened = await index.load(1)
+    assert reopened.status == "loaded"
+    assert reopened.ids == frozenset(VECTORS)
+    assert [h.id for h in await index.search(1, unit(1, 0.1, 0), k=4)] == [10, 13, 11, 12]

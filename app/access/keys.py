@@ -33,6 +33,7 @@ from litestar.exceptions import (
 from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 
+from app.access.rate_limits import RateLimits
 from app.settings import Settings
 from storage.access import AccessRepository, KeyOwner
 from storage.models import DEFAULT_TENANT_ID
@@ -137,14 +138,15 @@ async def check_local_mode(
 class RateLimiter:
     """A token bucket per key: `per_minute` requests a minute, bursts up to that many.
 
-    In-process: with several API processes each enforces its own share of the limit.
+    In-process: with several API processes each enforces its own share of the limit
+    (`app.access.rate_limits.RedisRateLimits` shares one bucket between them).
     """
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._clock = clock
         self._buckets: dict[int, tuple[float, float]] = {}
 
-    def retry_after_s(self, key_id: int, per_minute: int) -> int:
+    async def retry_after_s(self, key_id: int, per_minute: int) -> int:
         """0 if the request may proceed (and is counted), else seconds until it may."""
         now = self._clock()
         tokens, last = self._buckets.get(key_id, (float(per_minute), now))
@@ -200,9 +202,12 @@ class AccessGate:
     """Keys and admin sessions are looked up in SQL on every request, so a revoked key
     (and every session it opened) stops at once, in every process."""
 
-    def __init__(self, default_requests_per_minute: int) -> None:
+    def __init__(
+        self, default_requests_per_minute: int, rate_limits: RateLimits | None = None
+    ) -> None:
+        """`rate_limits`: where requests are counted; None = this process (`RateLimiter`)."""
         self._default_rpm = default_requests_per_minute
-        self._limiter = RateLimiter()
+        self._limiter: RateLimits = RateLimiter() if rate_limits is None else rate_limits
         self._access: AccessRepository | None = None
         self._is_local = False
 
@@ -247,7 +252,7 @@ class AccessGate:
                 "unknown or revoked API key",
                 headers={"WWW-Authenticate": 'Bearer realm="memchat", error="invalid_token"'},
             )
-        self._check_rate(owner)
+        await self._check_rate(owner)
         return principal_of(owner)
 
     async def authenticate_session(self, token: str | None) -> Principal:
@@ -258,7 +263,7 @@ class AccessGate:
         owner = await access.get_session_owner_or_none(token) if token else None
         if owner is None:
             raise NotAuthorizedException("sign in with an admin key", headers=_BEARER_REALM)
-        self._check_rate(owner)
+        await self._check_rate(owner)
         return principal_of(owner)
 
     async def sign_in(self, secret: str, ttl_s: float) -> tuple[Principal, str | None]:
@@ -274,13 +279,15 @@ class AccessGate:
     async def sign_out(self, token: str) -> None:
         await self._store().delete_admin_session(token)
 
-    def _check_rate(self, owner: KeyOwner) -> None:
+    async def _check_rate(self, owner: KeyOwner) -> None:
+        """429 past the key's limit; `RateLimiterUnavailableError` when the shared limiter
+        cannot count (the request is refused, not let through unlimited)."""
         per_minute = owner.requests_per_minute
         if per_minute is None:
             per_minute = self._default_rpm
         if per_minute <= 0:
             return
-        wait_s = self._limiter.retry_after_s(owner.key_id, per_minute)
+        wait_s = await self._limiter.retry_after_s(owner.key_id, per_minute)
         if wait_s:
             raise TooManyRequestsException(
                 f"rate limit of {per_minute} requests per minute for this key reached; "

@@ -11,12 +11,14 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.response import Redirect
 
+from app.access.rate_limits import RateLimiterUnavailableError
 from retrieval.errors import (
     EmbeddingModelMismatchError,
     EngineBusyError,
     EngineError,
     IndexUnavailableError,
     InvalidInputError,
+    SessionBusyError,
     TooLargeError,
     UnsupportedDocumentError,
 )
@@ -188,6 +190,28 @@ def on_engine_busy(request: Request[Any, Any, Any], exc: EngineBusyError) -> Res
     )
 
 
+def on_session_busy(request: Request[Any, Any, Any], exc: SessionBusyError) -> Response[Any]:
+    log.warning("session_lock_timeout", session_id=exc.session_id, timeout_s=exc.timeout_s)
+    return problem(
+        request,
+        503,
+        f"{exc}; nothing was stored, retry later",
+        headers={"Retry-After": "2"},
+    )
+
+
+def on_rate_limiter_unavailable(
+    request: Request[Any, Any, Any], exc: RateLimiterUnavailableError
+) -> Response[Any]:
+    # Logged where Redis failed (app/access/rate_limits.py); the answer names no internals.
+    return problem(
+        request,
+        503,
+        "the rate limiter (Redis) is unavailable; nothing was done, retry later",
+        headers={"Retry-After": "5"},
+    )
+
+
 def on_invalid_data(request: Request[Any, Any, Any], exc: InvalidDataError) -> Response[Any]:
     return problem(request, 422, f"the database refused a value: {exc}")
 
@@ -239,9 +263,79 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ConflictError: on_conflict,
     EngineBusyError: on_engine_busy,
     EngineError: on_engine,
+    SessionBusyError: on_session_busy,
+    RateLimiterUnavailableError: on_rate_limiter_unavailable,
     InvalidDataError: on_invalid_data,
     DatabaseUnavailableError: on_database,
     EmbeddingModelMismatchError: on_model_mismatch,
     HTTPException: on_http,
     Exception: on_unexpected,
+}
+
+
+# The OpenAI-compatible routes answer the same errors in OpenAI's shape ----------------
+
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
+_OPENAI_CODES = {
+    401: "invalid_api_key",
+    404: "not_found",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+}
+
+
+def openai_error_body(status: int, message: str, param: str | None) -> dict[str, Any]:
+    """`{"error": {message, type, param, code}}`, as OpenAI's SDKs read it."""
+    kind = _OPENAI_TYPES.get(status) or (
+        "server_error" if status >= 500 else "invalid_request_error"
+    )
+    return {
+        "error": {
+            "message": message,
+            "type": kind,
+            "param": param,
+            "code": _OPENAI_CODES.get(status),
+        }
+    }
+
+
+def _openai_shaped(handler: Any) -> Any:
+    """The problem answer of `handler`, re-shaped: invalid requests are 400 (OpenAI has no
+    422), the offending field is `param`, and `x-should-retry: false` tells the SDKs not
+    to retry on their own what may have stored the message already (only a busy engine or
+    session, a rate limit or an unavailable rate limiter, where nothing was stored, may be
+    retried)."""
+
+    def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+        answer = handler(request, exc)
+        problem_content = answer.content if isinstance(answer.content, dict) else {}
+        status = 400 if answer.status_code == 422 else answer.status_code
+        errors = problem_content.get("errors") or []
+        param = errors[0].get("field") if errors else None
+        message = str(problem_content.get("detail") or HTTPStatus(status).phrase)
+        headers = dict(answer.headers)
+        headers.pop("content-type", None)
+        retry = status == 429 or isinstance(
+            exc, EngineBusyError | SessionBusyError | RateLimiterUnavailableError
+        )
+        headers["x-should-retry"] = "true" if retry else "false"
+        return Response(
+            openai_error_body(status, message, param),
+            status_code=status,
+            media_type="application/json",
+            headers=headers,
+        )
+
+    return handle
+
+
+OPENAI_EXCEPTION_HANDLERS: dict[Any, Any] = {
+    exc_type: _openai_shaped(handler) for exc_type, handler in EXCEPTION_HANDLERS.items()
 }

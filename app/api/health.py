@@ -11,6 +11,7 @@ from litestar import Response, get
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 
+from app.access.rate_limits import RateLimiterUnavailableError, RedisRateLimits
 from app.api import schemas
 from retrieval.errors import IndexUnavailableError
 from retrieval.protocols import MonitoredEngine
@@ -60,6 +61,15 @@ async def _index(ping: Callable[[], Awaitable[None]]) -> str:
     return "ok"
 
 
+async def _rate_limiter(limits: RedisRateLimits) -> str:
+    """The Redis server that holds the rate limits shared by every API process."""
+    try:
+        await limits.ping()
+    except RateLimiterUnavailableError as exc:
+        return f"error: {exc}"
+    return "ok (redis)"
+
+
 async def dependency_checks(runtime: Runtime) -> dict[str, str]:
     """Each dependency's state: "ok", a model name (loaded), or "error: ..."."""
     checks = {
@@ -85,12 +95,16 @@ async def dependency_checks(runtime: Runtime) -> dict[str, str]:
 async def readyz(state: State) -> Response[schemas.Health]:
     """Ready while no dependency reports an error: `database` (a read and a write),
     `disk` (free space for the data dir), `index` (the turn index), `knowledge_index`,
-    and `engine_health` for an engine behind a network hop;
+    `engine_health` for an engine behind a network hop, and `rate_limiter` for
+    rate limits kept in Redis (MEMCHAT_ACCESS__REDIS_URL);
     `embedder` and `engine` name the loaded models."""
     runtime = state.get("runtime")
     if runtime is None:
         return Response(schemas.Health("starting", {"runtime": "not started"}), status_code=503)
     checks = await dependency_checks(runtime)
+    shared_limits: RedisRateLimits | None = state.get("shared_rate_limits")
+    if shared_limits is not None:
+        checks["rate_limiter"] = await _rate_limiter(shared_limits)
     ready = not any(value.startswith("error: ") for value in checks.values())
     return Response(
         schemas.Health("ready" if ready else "not ready", checks), status_code=200 if ready else 503

@@ -17,6 +17,8 @@ from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
 from app.api import admin_schemas, schemas
+from app.api.completions import served_models
+from app.api.openapi_completions import completions_contract
 from app.api.openapi_knowledge import knowledge_contract
 from app.settings import Settings
 from retrieval.prompt.budget import max_reply_tokens
@@ -126,13 +128,14 @@ def _integer_option(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def contract_document(
-    document: dict[str, Any], settings: Settings, context_window: int
+    document: dict[str, Any], settings: Settings, context_window: int, models: list[str]
 ) -> dict[str, Any]:
     patched = copy.deepcopy(document)
     patched["info"]["description"] = (
         "Conversational memory for LLM chat. Bodies are strict JSON (no type coercion;"
         " unknown fields are refused); text may not contain NUL (U+0000). Errors are RFC 9457"
-        " problem details."
+        " problem details, except on the OpenAI-compatible routes (/v1/chat/completions,"
+        " /v1/models), which answer OpenAI's error objects."
     )
     patched.setdefault("components", {}).setdefault("schemas", {}).update(
         body_schemas(settings, context_window)
@@ -158,6 +161,7 @@ def contract_document(
         }
     }
     knowledge_contract(patched, settings)
+    completions_contract(patched, models, context_window)
     _security(patched)
     return patched
 
@@ -203,8 +207,10 @@ class _Contract:
     ) -> dict[str, Any]:
         """Built on first use, when the engine (and so its context window) is loaded."""
         if self._document is None:
-            window = request.app.state.runtime.engine.context_window
-            self._document = contract_document(openapi_schema, self._settings, window)
+            engine = request.app.state.runtime.engine
+            self._document = contract_document(
+                openapi_schema, self._settings, engine.context_window, served_models(engine)
+            )
         return self._document
 
 

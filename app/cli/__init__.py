@@ -8,24 +8,29 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
 from app.access.keys import LocalModeRefusedError
+from app.cli.backup.commands import add_backup_commands
 from app.cli.database import migrate_database
 from app.cli.engine import add_engine_commands
 from app.cli.keys import add_key_commands
+from app.cli.mcp import add_mcp_command
+from app.cli.progress import add_progress_option, is_shown, progress_bar
 from app.settings import Settings
 from storage.db import Database
 from storage.repositories import Repositories
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, *, extra_processors: Sequence[Any] = ()) -> None:
     logging.basicConfig(level=level.upper(), format="%(message)s", stream=sys.stderr)
     structlog.configure(
         processors=[
             # The request id (and anything else bound for the request) on every line.
             structlog.contextvars.merge_contextvars,
+            *extra_processors,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.format_exc_info,
@@ -45,17 +50,28 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.cli.workers import UnsupportedWorkersError, check_workers, serve_workers
     from app.factory import create_app
 
     settings = settings.model_copy(
         update={"host": args.host or settings.host, "port": args.port or settings.port}
     )
+    # `memchat mcp --transport http` serves through here too, without --workers.
+    num_workers = getattr(args, "workers", 1)
+    try:
+        check_workers(settings, num_workers)
+    except UnsupportedWorkersError as exc:
+        print(f"memchat serve: {exc}", file=sys.stderr)
+        return 2
     asyncio.run(migrate_database(settings, "head"))
     try:
         asyncio.run(_check_access(settings))
     except LocalModeRefusedError as exc:
         print(f"memchat serve: {exc}", file=sys.stderr)
         return 2
+    if num_workers > 1:
+        serve_workers(settings, num_workers)
+        return 0
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
     )
@@ -73,7 +89,7 @@ async def _check_access(settings: Settings) -> None:
         await db.dispose()
 
 
-async def _reindex(settings: Settings) -> tuple[int, int]:
+async def _reindex(settings: Settings, show_progress: bool) -> tuple[int, int]:
     from app.adapters import load_embedder
     from app.runtime import build_knowledge, build_memory
 
@@ -82,8 +98,16 @@ async def _reindex(settings: Settings) -> tuple[int, int]:
         repositories = Repositories.of(db)
         embedder = await load_embedder(settings)
         memory = build_memory(settings, repositories, embedder)
-        num_messages = await memory.reindex_all()
-        num_chunks = await build_knowledge(settings, repositories, embedder).rebuild()
+        counts = await repositories.admin.count_rows()
+        with progress_bar(
+            "messages", "messages", enabled=show_progress, total=counts["messages"]
+        ) as bar:
+            num_messages = await memory.reindex_all(bar.advance)
+        knowledge = build_knowledge(settings, repositories, embedder)
+        with progress_bar(
+            "knowledge", "chunks", enabled=show_progress, total=counts["knowledge_chunks"]
+        ) as bar:
+            num_chunks = await knowledge.rebuild(bar.advance)
         return num_messages, num_chunks
     finally:
         await db.dispose()
@@ -91,68 +115,11 @@ async def _reindex(settings: Settings) -> tuple[int, int]:
 
 def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
     asyncio.run(migrate_database(settings, "head"))
-    num_messages, num_chunks = asyncio.run(_reindex(settings))
+    num_messages, num_chunks = asyncio.run(_reindex(settings, is_shown(args)))
     print(
         f"re-embedded and indexed {num_messages} messages and {num_chunks} knowledge chunks"
         f" with {settings.embedder.model_name}"
     )
-    return 0
-
-
-async def _export(settings: Settings, user_id: str, tenant_name: str, output: str) -> int:
-    from app.cli.backup import export_user
-
-    db = Database.open(settings.resolved_database_url())
-    try:
-        repositories = Repositories.of(db)
-        tenant = await repositories.access.get_tenant(tenant_name)
-        lines = list(await export_user(repositories.sessions, user_id, tenant.id))
-    finally:
-        await db.dispose()
-    if output == "-":
-        sys.stdout.buffer.writelines(lines)
-    else:
-        with open(output, "wb") as handle:
-            handle.writelines(lines)
-    return len(lines) - 1
-
-
-def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
-    asyncio.run(migrate_database(settings, "head"))
-    num_records = asyncio.run(_export(settings, args.user_id, args.tenant, args.output))
-    print(f"exported {num_records} records of user {args.user_id!r}", file=sys.stderr)
-    return 0
-
-
-async def _import(settings: Settings, lines: list[bytes], tenant_name: str) -> tuple[int, int, int]:
-    from app.adapters import load_embedder
-    from app.cli.backup import import_user
-    from app.runtime import build_memory
-
-    db = Database.open(settings.resolved_database_url())
-    try:
-        repositories = Repositories.of(db)
-        tenant = await repositories.access.ensure_tenant(tenant_name)
-        memory = build_memory(settings, repositories, await load_embedder(settings))
-        await memory.check_model()
-        return await import_user(repositories.sessions, memory, lines, tenant.id)
-    finally:
-        await db.dispose()
-
-
-def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
-    from app.cli.backup import BackupFormatError
-
-    source = sys.stdin.buffer if args.path == "-" else open(args.path, "rb")  # noqa: SIM115
-    with source:
-        lines = source.readlines()
-    asyncio.run(migrate_database(settings, "head"))
-    try:
-        sessions, messages, skipped = asyncio.run(_import(settings, lines, args.tenant))
-    except BackupFormatError as exc:
-        print(f"memchat import: {exc}", file=sys.stderr)
-        return 2
-    print(f"imported {sessions} sessions, {messages} messages; skipped {skipped} existing sessions")
     return 0
 
 
@@ -170,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="apply migrations and serve the HTTP API")
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes on one socket (more than 1 needs PostgreSQL and a Chroma"
+        " server for the turn vectors)",
+    )
     serve.set_defaults(run=cmd_serve)
     migrate = commands.add_parser("migrate", help="apply database migrations")
     migrate.add_argument("--revision", default="head")
@@ -180,15 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         " (server stopped)",
     )
     reindex.set_defaults(run=cmd_reindex)
-    export = commands.add_parser("export", help="write one user's memory as JSON Lines")
-    export.add_argument("--user-id", required=True)
-    export.add_argument("--tenant", default="default", help="the user's tenant")
-    export.add_argument("--output", default="-", help="file (default: standard output)")
-    export.set_defaults(run=cmd_export)
-    restore = commands.add_parser("import", help="restore an export (server stopped)")
-    restore.add_argument("path", help="export file, or - for standard input")
-    restore.add_argument("--tenant", default="default", help="restore into this tenant")
-    restore.set_defaults(run=cmd_import)
+    add_progress_option(reindex)
+    add_backup_commands(commands)
     chat = commands.add_parser(
         "chat",
         help="chat in the terminal with a running server (API key from $MEMCHAT_API_KEY)",
@@ -199,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=None)
     chat.set_defaults(run=cmd_chat)
     add_engine_commands(commands)
+    add_mcp_command(commands)
     add_key_commands(commands)
     return parser
 

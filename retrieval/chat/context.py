@@ -113,6 +113,8 @@ class ContextBuilder:
         content_tokens: int,
         params: SamplingParams,
         clock: StageClock,
+        *,
+        instructions: str = "",
     ) -> BuiltContext:
         """The context a message gets in this session (see the module docstring).
 
@@ -123,7 +125,9 @@ class ContextBuilder:
         budget = self.budget(params)
         pinned = await self._facts.pinned(state.user.id) if self._facts is not None else []
         found = await self._find(state, view, vector, content, pinned, clock)
-        plan = await self._assembler.plan(self._sections(found, view, content), budget)
+        plan = await self._assembler.plan(
+            self._sections(found, view, content, instructions), budget
+        )
         kept = await self._windows.keep_within_budget(
             view, budget=budget, room=plan.window_room, pinned=pinned, content_tokens=content_tokens
         )
@@ -132,7 +136,9 @@ class ContextBuilder:
             found = await self._find(
                 state, kept, vector, content, pinned, clock, knowledge=found.knowledge
             )
-            plan = await self._assembler.plan(self._sections(found, kept, content), budget)
+            plan = await self._assembler.plan(
+                self._sections(found, kept, content, instructions), budget
+            )
         assembled = await self._assembler.assemble(plan, kept.turns)
         tokens = await self._engine.prompt_tokens(assembled.messages)
         report = replace(
@@ -155,7 +161,7 @@ class ContextBuilder:
         )
 
     @staticmethod
-    def _sections(found: _Found, view: WindowView, content: str) -> Sections:
+    def _sections(found: _Found, view: WindowView, content: str, instructions: str) -> Sections:
         return Sections(
             new_message=content,
             memories=found.memories,
@@ -163,6 +169,7 @@ class ContextBuilder:
             pinned=found.places.in_system,
             new_facts=found.places.new,
             summary=view.summary.text,
+            instructions=instructions,
         )
 
     async def _find(
@@ -182,7 +189,12 @@ class ContextBuilder:
         user = state.user
         with clock.stage("search"):
             turns = self._memory.search(
-                user.id, vector, self._config.retrieval_k, view.shown_ids, query=content
+                user.id,
+                vector,
+                self._config.retrieval_k,
+                view.shown_ids,
+                query=content,
+                version=user.memory_version,
             )
             if knowledge is None:
                 scored, found = await asyncio.gather(turns, self._knowledge_for(state, vector))

@@ -57,7 +57,9 @@ class MemorySearch:
         self, user: User, query: str, vector: np.ndarray, k: int, session_id: str | None
     ) -> list[SearchHit]:
         fetch = sys.maxsize if session_id is not None else k
-        scored = await self._memory.search(user.id, vector, fetch, query=query)
+        scored = await self._memory.search(
+            user.id, vector, fetch, query=query, version=user.memory_version
+        )
         found: list[SearchHit] = []
         # With a session filter every hit is ranked; rows are read a page at a time.
         page = k if session_id is None else max(4 * k, 200)

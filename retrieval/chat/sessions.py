@@ -7,14 +7,15 @@ import asyncio
 import json
 import weakref
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from retrieval.chat.config import ChatConfig
-from retrieval.errors import InvalidInputError
+from retrieval.errors import InvalidInputError, SessionBusyError
 from retrieval.prompt.reuse import PrefixTracker
 from retrieval.search.memory import TurnMemory
-from storage.errors import NotFoundError
+from storage.errors import LockTimeoutError, NotFoundError
+from storage.locks import SessionLockRepository
 from storage.records import Session, User
 from storage.sessions import SessionRepository, SessionState
 
@@ -22,12 +23,18 @@ from storage.sessions import SessionRepository, SessionState
 class SessionLocks:
     """A lock per session: each turn's context sees every earlier turn, reply included.
 
+    In this process an asyncio lock; with `shared` (PostgreSQL, several processes on one
+    database) also the database's lock of the session, taken after the asyncio one, so a
+    process has at most one hold per session waiting on the database (one connection).
+    A shared lock not granted in time raises `SessionBusyError`, before anything is stored.
+
     Weak values: a lock lives while a turn holds or awaits it, so unknown ids leave
     nothing behind.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SessionLockRepository | None = None) -> None:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._shared = shared
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
@@ -35,7 +42,12 @@ class SessionLocks:
         if lock is None:
             lock = asyncio.Lock()
             self._locks[session_id] = lock
-        async with lock:
+        async with lock, AsyncExitStack() as held:
+            if self._shared is not None:
+                try:
+                    await held.enter_async_context(self._shared.hold(session_id))
+                except LockTimeoutError as exc:
+                    raise SessionBusyError(session_id, exc.timeout_s) from exc
             yield
 
 

@@ -9,8 +9,8 @@ then finds it stored and indexed; no reply is stored.
 
 SQL per steady-state turn (test_statement_count): the session with its user, summary
 and knowledge flags; the window; the pinned facts; the retrieved turns; the message and
-its vector; the reply and its vector. The hops, function by function, are listed in
-docs/architecture.md.
+its vector; the reply and its vector (each vector with the user's change count). The
+hops, function by function, are listed in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import datetime as dt
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from retrieval.chat.config import ChatConfig
+from retrieval.chat.config import ChatConfig, check_text
 from retrieval.chat.context import ContextBuilder
 from retrieval.chat.events import TurnEvent, TurnResult, TurnStarted
 from retrieval.chat.sessions import SessionLocks, session_of_tenant
@@ -71,29 +71,47 @@ class ChatTurn:
         self._num_pending = 0
 
     async def run(
-        self, session_id: str, content: str, params: SamplingParams, *, tenant_id: int
+        self,
+        session_id: str,
+        content: str,
+        params: SamplingParams,
+        *,
+        tenant_id: int,
+        instructions: str = "",
     ) -> AsyncGenerator[TurnEvent]:
         """Yields TurnStarted, then TextDeltas, then one TurnResult.
 
         Bad input and unknown sessions raise before anything is stored. An engine failure
         raises after the user message is stored and indexed; no reply is stored then.
+        `instructions` (a client's own system message) follow the service's prompt.
         """
         content_tokens = await self._builder.check(content, params)
+        if instructions:
+            check_text(instructions, "instructions", self._config.max_content_chars)
         if self._num_pending >= self._config.max_pending_turns:
             raise EngineBusyError(f"{self._num_pending} turns are already waiting for the engine")
         self._num_pending += 1
         try:
             async for event in self._admitted(
-                session_id, content, content_tokens, params, tenant_id
+                session_id, content, content_tokens, params, tenant_id, instructions
             ):
                 yield event
         finally:
             self._num_pending -= 1
 
     async def complete(
-        self, session_id: str, content: str, params: SamplingParams, *, tenant_id: int
+        self,
+        session_id: str,
+        content: str,
+        params: SamplingParams,
+        *,
+        tenant_id: int,
+        instructions: str = "",
     ) -> TurnResult:
-        async for event in self.run(session_id, content, params, tenant_id=tenant_id):
+        events = self.run(
+            session_id, content, params, tenant_id=tenant_id, instructions=instructions
+        )
+        async for event in events:
             if isinstance(event, TurnResult):
                 return event
         raise RuntimeError("turn ended without a result")  # pragma: no cover
@@ -105,6 +123,7 @@ class ChatTurn:
         content_tokens: int,
         params: SamplingParams,
         tenant_id: int,
+        instructions: str,
     ) -> AsyncIterator[TurnEvent]:
         clock = StageClock()  # the turn's total includes waiting for the session's lock
         async with self._locks.hold(session_id):
@@ -130,7 +149,14 @@ class ChatTurn:
             assert query_vector is not None
             with clock.stage("context"):
                 built = await self._builder.build(
-                    state, view, query_vector, content, content_tokens, params, clock
+                    state,
+                    view,
+                    query_vector,
+                    content,
+                    content_tokens,
+                    params,
+                    clock,
+                    instructions=instructions,
                 )
             if built.view.new_summary is not None:
                 await self._windows.store(built.view.new_summary)

@@ -3,7 +3,9 @@ and the pinned facts each prompt carries.
 
 Extraction reads a user's messages in id order after a per-user watermark kept in SQL,
 and moves the watermark in the transaction that stores the facts: a crash loses no
-message and repeats none, and two processes never extract the same message twice.
+message and repeats none. On PostgreSQL that transaction also claims the user's batch
+(storage/claims.py), so two processes never extract the same message twice, nor even
+read it twice for facts.
 """
 
 from __future__ import annotations
@@ -108,28 +110,36 @@ class FactMemory:
 
     # Extraction ---------------------------------------------------------------------
 
-    async def extract_pending(self, user_pk: int) -> int:
-        """Extract facts from the user's messages after the watermark; returns how many
-        messages were read. Only the user's own turns are read for facts."""
+    async def extract_pending(self, user_pk: int) -> int | None:
+        """Extract facts from the user's messages after the watermark, a claimed batch at
+        a time; returns how many messages were read, or None where another process holds
+        the user's extraction (it reads them; the caller tries again later, in case that
+        process ended its job just before newer messages came). Only the user's own turns
+        are read for facts."""
         num_read = 0
         while True:
-            watermark = await self._facts.get_watermark(user_pk)
-            messages = await self._messages.list_messages_after_id(
-                watermark, EXTRACT_BATCH_SIZE, user_pk=user_pk
-            )
-            if not messages:
-                return num_read
-            new_facts = await self._new_facts(messages)
-            stored = await self._facts.record_facts(
-                user_pk,
-                new_facts,
-                resolve,
-                f"extractor:{self._extractor.name}",
-                through_message_id=(watermark, messages[-1].id),
-            )
-            if stored is None:  # another process took this batch
-                continue
-            num_read += len(messages)
+            async with self._facts.claim_extraction(user_pk) as claim:
+                if claim is None:
+                    return None
+                messages = await self._messages.list_messages_after_id(
+                    claim.watermark, EXTRACT_BATCH_SIZE, user_pk=user_pk
+                )
+                if not messages:
+                    return num_read
+                log.info(
+                    "fact_extraction_batch",
+                    user_pk=user_pk,
+                    after_message_id=claim.watermark,
+                    num_messages=len(messages),
+                )
+                stored = await claim.record(
+                    await self._new_facts(messages),
+                    resolve,
+                    f"extractor:{self._extractor.name}",
+                    through_message_id=messages[-1].id,
+                )
+            if stored is not None:  # else the watermark was moved by a restore: read again
+                num_read += len(messages)
 
     async def _new_facts(self, messages: Sequence[Turn]) -> list[NewFact]:
         found: list[tuple[CandidateFact, Turn]] = []

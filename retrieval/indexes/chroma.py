@@ -277,5 +277,10 @@ class ChromaIndex:
     async def save(self) -> None:
         """Nothing to do: Chroma has written every change already."""
 
+    async def unload(self, scope: int) -> None:
+        """Forget the scope's collection handle; Chroma holds its vectors."""
+        with self._lock:
+            self._collections.pop(scope, None)
+
     async def drop_all(self) -> None:
         await anyio.to_thread.run_sync(self._drop_all)

@@ -179,14 +179,29 @@ class FaissIndex:
         """Write every changed scope to disk atomically."""
         with self._lock:
             for scope in sorted(self._dirty):
-                path = self._path(scope)
-                tmp = path.with_suffix(".tmp")
-                with tmp.open("wb") as handle:
-                    handle.write(encode_index(self._scopes[scope]))
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
+                self._write(scope)
             self._dirty.clear()
+
+    def _write(self, scope: int) -> None:
+        path = self._path(scope)
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("wb") as handle:
+            handle.write(encode_index(self._scopes[scope]))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+
+    async def unload(self, scope: int) -> None:
+        await anyio.to_thread.run_sync(self._unload, scope)
+
+    def _unload(self, scope: int) -> None:
+        with self._lock:
+            if scope not in self._scopes:
+                return
+            if scope in self._dirty:
+                self._write(scope)
+                self._dirty.discard(scope)
+            del self._scopes[scope]
 
     async def drop(self, scope: int) -> None:
         await anyio.to_thread.run_sync(self._drop, scope)

@@ -12,14 +12,22 @@ redoes every scope.
 A document is `processing` until all its chunks are stored and indexed, then `ready`, or
 `failed` with a reason. Small documents are processed before the upload is answered;
 larger ones in the background, a batch of chunks at a time (`num_chunks_indexed` shows
-the progress). Documents still `processing` at start (the process stopped) are resumed.
+the progress). Documents still `processing` at start (the process stopped) are resumed,
+and so, every sweep interval, are those that no process is working on (one was killed).
+
+Several API processes on one PostgreSQL database process each document once: whoever
+processes a document (the upload, a resume, a failed document uploaded again) claims it
+first (`storage.claims`, a lock held on a connection of its own for the whole
+processing), then checks that it is still in the state it was found in; a document
+claimed by another process is left to that one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +38,9 @@ from retrieval.errors import DocumentTooLargeError, InvalidInputError, Retrieval
 from retrieval.indexes.reconcile import reconcile
 from retrieval.knowledge.chunking import Chunk, Chunker
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
+from retrieval.sweeps import sweep_every
 from retrieval.text import is_blank
+from storage.claims import KNOWLEDGE_PROCESSING, JobClaimRepository, document_key
 from storage.errors import NotFoundError, StorageError
 from storage.knowledge import (
     FAILED,
@@ -58,6 +68,8 @@ class KnowledgeConfig:
     # Documents of at most this many chunks are ready when the upload is answered.
     inline_chunks: int = 64
     max_upload_bytes: int = 16 * 1024 * 1024
+    # How often documents left `processing` by another process are resumed (0: only at start).
+    sweep_interval_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,14 +118,21 @@ class KnowledgeBase:
         embedder: Embedder,
         index: VectorIndex,
         config: KnowledgeConfig,
+        *,
+        claims: JobClaimRepository | None = None,
     ) -> None:
+        """`claims`: the database's claims where other processes share it (PostgreSQL);
+        None where this process is alone (SQLite)."""
         self._store = store
         self._embedder = embedder
         self._index = index
         self._config = config
+        self._claims = claims
         self._chunker = Chunker(config.chunk_tokens, config.overlap_tokens)
         self._scope_locks: dict[int, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._held: set[str] = set()  # documents this process is processing
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def max_upload_bytes(self) -> int:
@@ -152,33 +171,77 @@ class KnowledgeBase:
             chunks = self._split(document)
             if len(chunks) > self._config.inline_chunks:
                 # The answer shows the state before any batch: `processing`, 0 indexed.
-                await self._store.start_processing(document.id, len(chunks))
-                document, owner = await self._store.get_document(document.id)
-                self._spawn(document.id)
-                return document, owner, created
-            await self._process(document, chunks)
+                started = asyncio.get_running_loop().create_future()
+                self._spawn(document.id, document.status, started)
+                await started
+            else:
+                async with self._claim(document.id, document.status) as is_claimed:
+                    if is_claimed:
+                        await self._process(document, chunks)
         document, owner = await self._store.get_document(document.id)
         return document, owner, created
 
     def _split(self, document: Document) -> list[Chunk]:
         return self._chunker.split(document.content, markdown=document.source in MARKDOWN_SOURCES)
 
-    def _spawn(self, document_id: str) -> None:
-        task = asyncio.create_task(self._process_in_background(document_id))
+    @contextlib.asynccontextmanager
+    async def _claim(self, document_id: str, status: str) -> AsyncIterator[bool]:
+        """Whether this process may process the document, claimed for the body: no other
+        task of this process nor another process holds it, and it is still in `status`
+        (the state it was found in: another process may have just finished it)."""
+        if document_id in self._held:
+            yield False
+            return
+        self._held.add(document_id)
+        try:
+            if self._claims is None:
+                yield await self._is_in_status(document_id, status)
+                return
+            key = document_key(document_id)
+            async with self._claims.try_hold(KNOWLEDGE_PROCESSING, key) as is_held:
+                yield is_held and await self._is_in_status(document_id, status)
+        finally:
+            self._held.discard(document_id)
+
+    async def _is_in_status(self, document_id: str, status: str) -> bool:
+        document, _owner = await self._store.get_document(document_id)
+        return document.status == status
+
+    def _spawn(
+        self,
+        document_id: str,
+        status: str = PROCESSING,
+        started: asyncio.Future[None] | None = None,
+    ) -> None:
+        task = asyncio.create_task(self._process_in_background(document_id, status, started))
         self._tasks[document_id] = task
         task.add_done_callback(lambda _t: self._tasks.pop(document_id, None))
 
-    async def _process_in_background(self, document_id: str) -> None:
+    async def _process_in_background(
+        self, document_id: str, status: str, started: asyncio.Future[None] | None
+    ) -> None:
+        """Process a document found in `status`; `started` (an upload waiting to answer)
+        is told once the document shows its planned chunks, or once it is left alone."""
         try:
-            document, _owner = await self._store.get_document(document_id)
-            await self._process(document, await asyncio.to_thread(self._split, document))
+            async with self._claim(document_id, status) as is_claimed:
+                if not is_claimed:
+                    return  # another process has it, or had it done
+                document, _owner = await self._store.get_document(document_id)
+                chunks = await asyncio.to_thread(self._split, document)
+                if started is not None:
+                    await self._store.start_processing(document.id, len(chunks))
+                    started.set_result(None)
+                await self._process(document, chunks)
         except NotFoundError:
             return  # deleted meanwhile
         except (RetrievalError, StorageError):
-            return  # recorded as the document's failure by _process
+            return  # recorded as the document's failure by _process, or found again by a sweep
         except Exception:  # the boundary of a background task: record, never hang
             log.exception("knowledge_processing_crashed", document_id=document_id)
             await self._store.finish_document(document_id, FAILED, "internal error")
+        finally:
+            if started is not None and not started.done():
+                started.set_result(None)
 
     async def _process(self, document: Document, chunks: Sequence[Chunk]) -> None:
         """Chunks to SQL and their vectors to the index, a batch at a time, then `ready`.
@@ -212,11 +275,23 @@ class KnowledgeBase:
             await self._store.finish_document(document.id, FAILED, str(exc))
             raise
 
+    async def start(self) -> None:
+        """Resume the documents left `processing`, now and every sweep interval."""
+        await self.resume_unfinished()
+        if self._config.sweep_interval_s > 0:
+            sweeper = sweep_every(
+                self._config.sweep_interval_s,
+                self.resume_unfinished,
+                event="knowledge_sweep_failed",
+            )
+            self._sweeper = asyncio.create_task(sweeper, name="knowledge-sweep")
+
     async def resume_unfinished(self) -> int:
-        """Process again, in the background, documents a stopped process left `processing`."""
+        """Process again, in the background, documents left `processing` by a process that
+        stopped; those another process is processing are left to it (its claim)."""
         ids = await self._store.list_document_ids_in_status(PROCESSING)
         for document_id in ids:
-            if document_id not in self._tasks:
+            if document_id not in self._tasks and document_id not in self._held:
                 self._spawn(document_id)
         return len(ids)
 
@@ -237,11 +312,17 @@ class KnowledgeBase:
             await self._index.remove(scope, chunk_ids)
 
     async def close(self) -> None:
-        """Stop background work; unfinished documents stay `processing` and resume at start."""
+        """Stop background work; unfinished documents stay `processing` and are resumed at
+        the next start, or by another process's sweep."""
         tasks = list(self._tasks.values())
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
+            self._sweeper = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._claims is not None:
+            await self._claims.dispose()
 
     # Retrieval ------------------------------------------------------------------------
 
@@ -325,8 +406,11 @@ class KnowledgeBase:
                 self._index, scope, sql_ids, self._index_chunks, event="knowledge_scope_reconciled"
             )
 
-    async def _index_chunks(self, ids: Collection[int] | None) -> int:
-        """Embed stored chunks (those in `ids`, or all) and add them to their scopes."""
+    async def _index_chunks(
+        self, ids: Collection[int] | None, on_progress: Callable[[int], object] | None = None
+    ) -> int:
+        """Embed stored chunks (those in `ids`, or all) and add them to their scopes;
+        `on_progress` is told the number of chunks of each batch done."""
         if ids is not None and not ids:
             return 0
         num_chunks = 0
@@ -339,6 +423,8 @@ class KnowledgeBase:
                 chosen = [rows[i].id for i in positions]
                 await self._index.add(scope, chosen, vectors[positions])
             num_chunks += len(rows)
+            if on_progress is not None:
+                on_progress(len(rows))
             after_id = rows[-1].id
         return num_chunks
 
@@ -353,7 +439,21 @@ class KnowledgeBase:
         await self._ensure_scope(scope)
         return len(await self._index.list_ids(scope))
 
-    async def rebuild(self) -> int:
+    async def rebuild(self, on_progress: Callable[[int], object] | None = None) -> int:
         """Drop every knowledge vector and re-embed every stored chunk (`memchat reindex`)."""
         await self._index.drop_all()
-        return await self._index_chunks(None)
+        return await self._index_chunks(None, on_progress)
+
+    async def index_stored_chunks(self, chunks: Sequence[tuple[int, int]]) -> None:
+        """Embed and index chunks (scope, id) stored without vectors (`memchat import`).
+
+        A scope not open in this process is opened instead: its reconciliation with SQL
+        embeds the new chunks with any others it lacks, so none is added twice."""
+        by_scope: dict[int, list[int]] = {}
+        for scope, chunk_id in chunks:
+            by_scope.setdefault(scope, []).append(chunk_id)
+        for scope, ids in sorted(by_scope.items()):
+            if self._index.is_loaded(scope):
+                await self._index_chunks(ids)
+            else:
+                await self._ensure_scope(scope)

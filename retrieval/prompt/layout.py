@@ -68,6 +68,8 @@ class Sections:
     pinned: Sequence[Fact] = ()
     new_facts: Sequence[Fact] = ()
     summary: str = ""
+    # The client's own instructions (its system message), after the service's prompt.
+    instructions: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,7 @@ class ContextAssembler:
         chosen_facts = await self.fit_facts(sections.pinned, budget)
         already = await self._facts_cost(chosen_facts)
         chosen_new = await self.fit_facts(sections.new_facts, budget, already)
-        system = self.system_text(chosen_facts, sections.summary)
+        system = self.system_text(chosen_facts, sections.summary, sections.instructions)
         content_tokens = await self._engine.count_tokens(sections.new_message)
         self.check_fits(content_tokens, budget)
         fixed = await self._system_message_tokens(system) + self.message_tokens(content_tokens)
@@ -218,10 +220,13 @@ class ContextAssembler:
         )
         return AssembledContext(messages=tuple(messages), report=report)
 
-    def system_text(self, facts: Sequence[Fact], summary: str) -> str:
-        """The static prompt, the pinned facts, the session summary: the prompt's prefix
-        changes only when the facts or the summary do."""
+    def system_text(self, facts: Sequence[Fact], summary: str, instructions: str = "") -> str:
+        """The static prompt (with the client's instructions, if any), the pinned facts,
+        the session summary: the prompt's prefix changes only when the facts, the summary
+        or the instructions do."""
         parts = [self._static]
+        if instructions:
+            parts.append(instructions)
         if facts:
             parts.append(facts_text(facts))
         if summary:

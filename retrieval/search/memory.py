@@ -17,7 +17,8 @@ are refused at start like vectors of another model (`memchat reindex` rebuilds t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,8 @@ class RetrievalConfig:
     # Terms of neighbouring turns count this much in a turn's lexical document.
     context_weight: float = 0.5
     neighbours: NeighbourConfig = field(default_factory=NeighbourConfig)
+    # Open scopes kept per process: the least recently used beyond this are closed.
+    max_open_users: int = 1000
 
 
 def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
@@ -109,6 +112,10 @@ class TurnMemory:
         self._fingerprints: dict[int, frozenset[str]] = {}
         self._texts_loaded: set[int] = set()
         self._scope_locks: dict[int, asyncio.Lock] = {}
+        # Each open scope's `memory_version`: the user's change count it is caught up to.
+        self._versions: dict[int, int] = {}
+        # Open scopes, least recently used first.
+        self._recent: OrderedDict[int, None] = OrderedDict()
 
     def _new_lexical(self) -> LexicalIndex:
         return LexicalIndex(
@@ -170,15 +177,99 @@ class TurnMemory:
         """Reach the turn index's store; raises IndexUnavailableError."""
         await self._index.ping()
 
-    async def ensure_scope(self, user_pk: int) -> None:
-        if self._index.is_loaded(user_pk) and self._texts_ready(user_pk):
+    async def ensure_scope(self, user_pk: int, version: int | None = None) -> None:
+        """Open the user's scope (from SQL, or the index's own file reconciled with SQL);
+        with `version`, the user's change count as the caller read it from SQL, also
+        catch an open scope up with what other processes stored or deleted since."""
+        if self._is_open(user_pk) and (version is None or self._is_current(user_pk, version)):
+            self._recent.move_to_end(user_pk)
             return
         lock = self._scope_locks.setdefault(user_pk, asyncio.Lock())
         async with lock:
-            if not self._index.is_loaded(user_pk):
-                await self._reconcile_vectors(user_pk)
-            if not self._texts_ready(user_pk):
-                await self._load_texts(user_pk)
+            if not self._is_open(user_pk):
+                # Read before loading: a change made meanwhile is caught up next time.
+                seen = await self._embeddings.get_memory_version(user_pk)
+                if not self._index.is_loaded(user_pk):
+                    await self._reconcile_vectors(user_pk)
+                if not self._texts_ready(user_pk):
+                    await self._load_texts(user_pk)
+                self._versions[user_pk] = seen
+            elif version is not None and not self._is_current(user_pk, version):
+                await self._catch_up(user_pk)
+                self._versions[user_pk] = version
+            self._recent[user_pk] = None
+            self._recent.move_to_end(user_pk)
+        await self._close_idle(keep=user_pk)
+
+    async def _close_idle(self, keep: int) -> None:
+        """Close the least recently used scopes beyond `max_open_users`; one in use (its
+        lock held: opening, catching up, being written) is left for later."""
+        for user_pk in list(self._recent):
+            if len(self._recent) <= self._config.max_open_users:
+                return
+            lock = self._scope_locks.setdefault(user_pk, asyncio.Lock())
+            if user_pk == keep or lock.locked():
+                continue
+            async with lock:  # free: taken at once, without yielding
+                await self._close_scope(user_pk)
+
+    async def _close_scope(self, user_pk: int) -> None:
+        """This process's state of one user gone from memory; the vectors stay in SQL
+        and in the index's storage, the next use reopens them."""
+        ids = self._lexical.list_ids(user_pk)
+        await self._index.unload(user_pk)
+        self._lexical.drop(user_pk)
+        self._neighbours.drop(user_pk)
+        for message_id in ids:
+            self._fingerprints.pop(message_id, None)
+        self._texts_loaded.discard(user_pk)
+        self._versions.pop(user_pk, None)
+        self._recent.pop(user_pk, None)
+        log.debug("index_scope_closed", scope=user_pk)
+
+    @property
+    def num_open_users(self) -> int:
+        return len(self._recent)
+
+    def _is_open(self, user_pk: int) -> bool:
+        return self._index.is_loaded(user_pk) and self._texts_ready(user_pk)
+
+    def _is_current(self, user_pk: int, version: int) -> bool:
+        return self._versions.get(user_pk, -1) >= version
+
+    async def _catch_up(self, user_pk: int) -> None:
+        """Add the turns SQL has and the scope lacks, drop those SQL no longer has (another
+        process stored or deleted them): their vectors come from SQL, not the embedder.
+        The vector index and the lexical one are compared with SQL each on its own: a
+        shared vector store (the Chroma server) already holds what another process added,
+        this process's lexical index does not."""
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk)
+        have = await self._index.list_ids(user_pk)
+        missing, extra = sql_ids - have, have - sql_ids
+        await self._index.remove(user_pk, extra)
+        if missing:
+            await self._add_stored(
+                user_pk, await self._embeddings.list_user_vectors(user_pk, missing)
+            )
+        num_texts = 0
+        if self._needs_texts:
+            texts_have = self._lexical.list_ids(user_pk)
+            gone = texts_have - sql_ids
+            self._lexical.remove(user_pk, gone)
+            for message_id in gone:
+                self._fingerprints.pop(message_id, None)
+            if new := sql_ids - texts_have:
+                turns = await self._messages.list_messages_by_id(user_pk, new)
+                ordered = in_session_order(turns, await self._earlier(turns))
+                self._add_texts(user_pk, turns, ordered)
+                num_texts = len(turns)
+        log.info(
+            "index_scope_caught_up",
+            scope=user_pk,
+            num_added=len(missing),
+            num_removed=len(extra),
+            num_texts_added=num_texts,
+        )
 
     def _texts_ready(self, user_pk: int) -> bool:
         return not self._needs_texts or user_pk in self._texts_loaded
@@ -254,7 +345,7 @@ class TurnMemory:
             StoredVector(t.id, t.user_pk, np.asarray(v, dtype=np.float32).tobytes())
             for t, v in zip(turns, matrix, strict=True)
         ]
-        await self._embeddings.save_embeddings(
+        versions = await self._embeddings.save_embeddings(
             self.vector_model, self._embedder.dimension, stored, replace=not fresh
         )
         for user_pk in sorted({t.user_pk for t in turns}):
@@ -262,6 +353,10 @@ class TurnMemory:
             await self._add_stored(user_pk, [s for s in stored if s.user_pk == user_pk])
             if self._needs_texts:
                 self._add_texts(user_pk, [t for t in turns if t.user_pk == user_pk], ordered)
+            new = versions.get(user_pk)
+            if new is not None and self._versions.get(user_pk) == new - 1:
+                # Only this write happened since the scope was current: it still is.
+                self._versions[user_pk] = new
 
     async def _earlier(self, turns: Sequence[Turn]) -> list[Turn]:
         """The turns before `turns` in their sessions that their indexed texts need."""
@@ -282,12 +377,15 @@ class TurnMemory:
         k: int,
         exclude: Collection[int] = (),
         query: str | None = None,
+        version: int | None = None,
     ) -> list[ScoredId]:
         """The user's best k turns for a query, less `exclude`, best first.
 
-        Without the query text only the vectors are searched.
+        Without the query text only the vectors are searched. `version` is the user's
+        change count as read with the user's row: the scope is caught up to it first, so
+        every turn any process acknowledged (or deleted) is found (or not).
         """
-        await self.ensure_scope(user_pk)
+        await self.ensure_scope(user_pk, version)
         config = self._config
         fetch = max(k, config.num_candidates)
         rankings: list[list[ScoredId]] = []
@@ -347,6 +445,8 @@ class TurnMemory:
         self._lexical.drop(user_pk)
         self._neighbours.drop(user_pk)
         self._texts_loaded.discard(user_pk)
+        self._versions.pop(user_pk, None)
+        self._recent.pop(user_pk, None)
 
     async def forget_user(self, user_pk: int, message_ids: Collection[int]) -> None:
         """Drop a user's whole scope after their rows are gone."""
@@ -382,19 +482,24 @@ class TurnMemory:
             log.info("unembedded_messages_repaired", num_messages=num_repaired)
         return num_repaired
 
-    async def reindex_all(self) -> int:
-        """Re-embed every stored message with the configured model and rebuild the index."""
+    async def reindex_all(self, on_progress: Callable[[int], object] | None = None) -> int:
+        """Re-embed every stored message with the configured model and rebuild the index;
+        `on_progress` is told the number of messages of each batch done."""
         await self._embeddings.delete_all_embeddings()
         await self._index.drop_all()
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
         self._fingerprints.clear()
         self._texts_loaded.clear()
+        self._versions.clear()
+        self._recent.clear()
         num_messages = 0
         after_id = 0
         while batch := await self._messages.list_messages_after_id(after_id, REPAIR_BATCH_SIZE):
             await self.index(batch, fresh=True)
             num_messages += len(batch)
+            if on_progress is not None:
+                on_progress(len(batch))
             after_id = batch[-1].id
         await self.save()
         return num_messages
