@@ -106,6 +106,11 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def embedding_text(chunk: StoredChunk | Chunk, title: str) -> str:
     """What is embedded: the chunk with its title and heading path, which carry its topic."""
     return "\n".join(part for part in (title, chunk.heading_path, chunk.text) if part)
@@ -216,6 +221,9 @@ class KnowledgeBase:
         task = asyncio.create_task(self._process_in_background(document_id, status, started))
         self._tasks[document_id] = task
         task.add_done_callback(lambda _t: self._tasks.pop(document_id, None))
+        if started is not None:
+            # However the task ends (even cancelled before it ran), the upload answers.
+            task.add_done_callback(lambda _t: _resolve(started))
 
     async def _process_in_background(
         self, document_id: str, status: str, started: asyncio.Future[None] | None
@@ -230,7 +238,7 @@ class KnowledgeBase:
                 chunks = await asyncio.to_thread(self._split, document)
                 if started is not None:
                     await self._store.start_processing(document.id, len(chunks))
-                    started.set_result(None)
+                    _resolve(started)
                 await self._process(document, chunks)
         except NotFoundError:
             return  # deleted meanwhile
@@ -239,9 +247,6 @@ class KnowledgeBase:
         except Exception:  # the boundary of a background task: record, never hang
             log.exception("knowledge_processing_crashed", document_id=document_id)
             await self._store.finish_document(document_id, FAILED, "internal error")
-        finally:
-            if started is not None and not started.done():
-                started.set_result(None)
 
     async def _process(self, document: Document, chunks: Sequence[Chunk]) -> None:
         """Chunks to SQL and their vectors to the index, a batch at a time, then `ready`.
