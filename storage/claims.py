@@ -23,14 +23,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from storage.db import connect, create_lock_engine_or_none
 from storage.errors import DatabaseUnavailableError
 
 # Class ids of the two-int advisory lock key space (int4; "mc" and a job kind).
@@ -73,22 +71,18 @@ class JobClaimRepository:
     def open_or_none(cls, url: str, *, timeout_s: float) -> JobClaimRepository | None:
         """The claims of the PostgreSQL database at `url`; None for any other database.
         A try never waits for a lock: `timeout_s` bounds the connection and each statement."""
-        parsed = make_url(url)
-        if parsed.get_backend_name() != "postgresql":
-            return None
-        connect_args: dict[str, Any] = {}
-        if parsed.get_driver_name() == "asyncpg":
-            connect_args = {"timeout": timeout_s, "command_timeout": timeout_s}
-        engine = create_async_engine(
-            parsed, poolclass=NullPool, isolation_level="AUTOCOMMIT", connect_args=connect_args
+        engine = create_lock_engine_or_none(
+            url, connect_timeout_s=timeout_s, command_timeout_s=timeout_s
         )
+        if engine is None:
+            return None
         return cls(engine)
 
     @asynccontextmanager
     async def try_hold(self, class_id: int, key: int) -> AsyncIterator[bool]:
         """Whether this hold got the job `(class_id, key)`; held for the body if so."""
         params = {"class_id": class_id, "key": key}
-        connection = await self._connect()
+        connection = await connect(self._engine)
         try:
             try:
                 granted = bool(await connection.scalar(_TRY_LOCK, params))
@@ -106,10 +100,3 @@ class JobClaimRepository:
 
     async def dispose(self) -> None:
         await self._engine.dispose()
-
-    async def _connect(self) -> AsyncConnection:
-        connection = self._engine.connect()
-        try:
-            return await connection.start()
-        except (DBAPIError, OSError) as exc:
-            raise DatabaseUnavailableError(str(exc)) from exc

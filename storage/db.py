@@ -11,11 +11,13 @@ from sqlalchemy import event, text, update
 from sqlalchemy.engine import CursorResult, Result, make_url
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import NullPool
 
 from storage.errors import ConflictError, DatabaseUnavailableError, InvalidDataError
 from storage.models import ReadinessProbe, utc_now
@@ -53,6 +55,33 @@ def create_engine(url: str, *, timeout_s: float = 30.0, echo: bool = False) -> A
     return create_async_engine(
         url, echo=echo, pool_pre_ping=True, pool_timeout=timeout_s, connect_args=connect_args
     )
+
+
+def create_lock_engine_or_none(
+    url: str, *, connect_timeout_s: float, command_timeout_s: float
+) -> AsyncEngine | None:
+    """An engine for advisory locks held across transactions on PostgreSQL (None for any
+    other database): no pool, so a connection that may hold a lock is never handed to
+    other work, and autocommit, so it idles between lock and unlock rather than idling
+    in a transaction. asyncpg bounds its connection set-up and every statement."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return None
+    connect_args: dict[str, Any] = {}
+    if parsed.get_driver_name() == "asyncpg":
+        connect_args = {"timeout": connect_timeout_s, "command_timeout": command_timeout_s}
+    return create_async_engine(
+        parsed, poolclass=NullPool, isolation_level="AUTOCOMMIT", connect_args=connect_args
+    )
+
+
+async def connect(engine: AsyncEngine) -> AsyncConnection:
+    """A started connection of `engine`; an unreachable server is DatabaseUnavailableError."""
+    connection = engine.connect()
+    try:
+        return await connection.start()
+    except (DBAPIError, OSError) as exc:
+        raise DatabaseUnavailableError(str(exc)) from exc
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from storage.db import connect, create_lock_engine_or_none
 from storage.errors import DatabaseUnavailableError, LockTimeoutError
 
 _SET_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :timeout, false)")
@@ -64,25 +62,20 @@ class SessionLockRepository:
         asyncpg also bounds every statement by the lock wait plus `connect_timeout_s`: a
         server that stops answering cannot keep a hold's unlock waiting for ever.
         """
-        parsed = make_url(url)
-        if parsed.get_backend_name() != "postgresql":
-            return None
-        connect_args: dict[str, Any] = {}
-        if parsed.get_driver_name() == "asyncpg":
-            connect_args = {
-                "timeout": connect_timeout_s,
-                "command_timeout": timeout_s + connect_timeout_s,
-            }
-        engine = create_async_engine(
-            parsed, poolclass=NullPool, isolation_level="AUTOCOMMIT", connect_args=connect_args
+        engine = create_lock_engine_or_none(
+            url,
+            connect_timeout_s=connect_timeout_s,
+            command_timeout_s=timeout_s + connect_timeout_s,
         )
+        if engine is None:
+            return None
         return cls(engine, timeout_s=timeout_s)
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
         """Hold the session's lock for the body; released however the body ends."""
         key = f"session:{session_id}"
-        connection = await self._connect()
+        connection = await connect(self._engine)
         try:
             await self._lock(connection, key)
             try:
@@ -94,13 +87,6 @@ class SessionLockRepository:
 
     async def dispose(self) -> None:
         await self._engine.dispose()
-
-    async def _connect(self) -> AsyncConnection:
-        connection = self._engine.connect()
-        try:
-            return await connection.start()
-        except (DBAPIError, OSError) as exc:
-            raise DatabaseUnavailableError(str(exc)) from exc
 
     async def _lock(self, connection: AsyncConnection, key: str) -> None:
         timeout = f"{max(1, round(self._timeout_s * 1000))}ms"

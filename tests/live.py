@@ -61,7 +61,10 @@ def cli_env(data_dir: Path, port: int = 8000) -> dict[str, str]:
 
 @contextmanager
 def serving(
-    data_dir: Path, *, extra_env: Mapping[str, str] | None = None
+    data_dir: Path,
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = 120,
 ) -> Iterator[httpx.Client]:
     """`memchat serve` as a process; the client's `process` attribute is the server.
 
@@ -76,7 +79,7 @@ def serving(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             assert process.poll() is None, process.stdout.read() if process.stdout else ""
             try:
@@ -85,7 +88,7 @@ def serving(
             except httpx.HTTPError:
                 time.sleep(0.5)
         else:
-            pytest.fail("memchat serve did not become ready in 120 s")
+            pytest.fail(f"memchat serve did not become ready in {ready_timeout_s} s")
         with httpx.Client(base_url=base, timeout=120) as client:
             client.process = process  # type: ignore[attr-defined]
             yield client

@@ -5,18 +5,15 @@ what one deletes, the other never returns."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.live import MEMCHAT, cli_env, free_port
+from tests.live import serving
 
 pytestmark = [pytest.mark.postgres, pytest.mark.model]
 
@@ -36,37 +33,12 @@ FILLER = [
 ]
 
 
-@contextmanager
 def api_process(
     data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None
-) -> Iterator[httpx.Client]:
-    port = free_port()
-    env = cli_env(data_dir, port) | {"MEMCHAT_DATABASE_URL": database_url} | (extra_env or {})
-    process = subprocess.Popen(
-        [*MEMCHAT, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("memchat serve did not become ready in 180 s")
-            time.sleep(0.5)
-        with httpx.Client(base_url=base, timeout=300) as client:
-            yield client
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+) -> AbstractContextManager[httpx.Client]:
+    """`memchat serve` on the shared database (two cold starts on 2 cores: 180 s)."""
+    env = {"MEMCHAT_DATABASE_URL": database_url} | (extra_env or {})
+    return serving(data_dir, extra_env=env, ready_timeout_s=180)
 
 
 @pytest.fixture(params=["faiss", "chroma-server"])
