@@ -184,8 +184,13 @@ async def test_a_claimed_batch_is_skipped_and_taken_once_its_holder_is_gone(
             assert await memory.extract_pending(user_pk) is None
             assert extractor.read == []
             assert await repos.facts.get_watermark(user_pk) == 0
-            # The holder dies: its connection ends, and its claim with it.
-            await other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            # The holder dies: its connection ends, and its claim with it. The timeout makes
+            # PostgreSQL wait until the backend has exited (and so released its locks):
+            # without it the call returns once the signal is sent.
+            ended = await other.scalar(
+                text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid}
+            )
+            assert ended is True
             assert await memory.extract_pending(user_pk) == len(texts)
             await held.invalidate()
             await other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": same_bits})

@@ -8,13 +8,15 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 from retrieval.prompt.report import SectionTokens
-from retrieval.text import INVISIBLE
+from retrieval.text import INVISIBLE, WHITESPACE
 from storage.records import DocumentFields, FactFields, StoredMessage
 
-# A user id is addressable in a path: no "/", no control or invisible characters, no
-# space at either end, not blank.
-_ID_CHAR = f"[^/\\x00-\\x1f\\x7f{INVISIBLE}]"
-_ID_EDGE = f"[^\\s/\\x00-\\x1f\\x7f{INVISIBLE}]"
+# A user id is addressable in a path: no "/", no control (C0 or C1) or invisible
+# characters, no space at either end, not blank. Whitespace is spelled out rather than
+# `\s`, which means other characters in Python (U+0085, U+001C-U+001F) than in the
+# JSON Schema (ECMA-262) reading of the documented pattern.
+_ID_CHAR = f"[^/\\x00-\\x1f\\x7f-\\x9f{INVISIBLE}]"
+_ID_EDGE = f"[^{WHITESPACE}/\\x00-\\x1f\\x7f-\\x9f{INVISIBLE}]"
 USER_ID_PATTERN = f"^{_ID_EDGE}(?:{_ID_CHAR}*{_ID_EDGE})?$"
 UserId = Annotated[str, Meta(min_length=1, max_length=255, pattern=USER_ID_PATTERN)]
 Role = Literal["user", "assistant", "system"]
