@@ -39,7 +39,9 @@ def test_the_validator_rejects_what_the_specification_forbids() -> None:
 
 def test_topology_gpu_and_cpu_profiles_and_migrations_first() -> None:
     services = compose()["services"]
-    assert set(services) == {"postgres", "chroma", "migrate", "vllm", "app", "app-cpu"}
+    assert set(services) == {
+        "postgres", "chroma", "migrate", "vllm", "app", "app-cpu", "balancer", "balancer-cpu"
+    }  # fmt: skip
     vllm = services["vllm"]
     assert vllm["profiles"] == ["gpu"] and vllm["ipc"] == "host"
     assert vllm["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
@@ -52,6 +54,40 @@ def test_topology_gpu_and_cpu_profiles_and_migrations_first() -> None:
     assert services["migrate"]["depends_on"]["postgres"] == {"condition": "service_healthy"}
     assert services["app"]["depends_on"]["vllm"] == {"condition": "service_healthy"}
     assert "healthcheck" in services["postgres"] and services["postgres"]["volumes"]
+
+
+def test_two_api_replicas_behind_the_balancer_share_the_vectors_in_chroma() -> None:
+    services = compose()["services"]
+    for app, balancer, profile in (("app", "balancer", "gpu"), ("app-cpu", "balancer-cpu", "cpu")):
+        replica = services[app]
+        assert replica["deploy"]["replicas"] == 2
+        # Only the balancer publishes the API's port (replicas cannot share a host port).
+        assert "ports" not in replica
+        assert replica["environment"]["MEMCHAT_INDEX__KIND"] == "chroma"
+        assert replica["environment"]["MEMCHAT_CHROMA_URL"] == "http://chroma:8000"
+        assert replica["depends_on"]["chroma"] == {"condition": "service_healthy"}
+        front = services[balancer]
+        assert front["profiles"] == [profile]
+        assert front["image"].startswith("haproxy:")
+        assert front["ports"] == ["127.0.0.1:${MEMCHAT_PORT:-8000}:8000"]
+        assert front["volumes"] == ["./tools/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"]
+        assert front["environment"] == {"MEMCHAT_APP_SERVICE": app}
+        assert front["depends_on"] == {app: {"condition": "service_started"}}
+    published = sorted(name for name, service in services.items() if "ports" in service)
+    assert published == ["balancer", "balancer-cpu"]
+
+
+def test_the_balancer_config_balances_the_app_service_on_its_readiness() -> None:
+    config = (ROOT / "tools" / "haproxy.cfg").read_text()
+    lines = [line.split("#")[0].strip() for line in config.splitlines()]
+    assert "bind :8000" in lines
+    assert "balance roundrobin" in lines
+    assert "http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host localhost" in lines
+    assert "http-check expect status 200" in lines
+    assert 'server-template app- 4 "${MEMCHAT_APP_SERVICE}:8000"' in lines
+    assert any(
+        line.startswith("default-server init-addr none resolvers docker check") for line in lines
+    )
 
 
 def test_every_variable_of_the_compose_file_is_documented() -> None:
