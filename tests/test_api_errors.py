@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
 import pytest
 from litestar.testing import AsyncTestClient
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from app.factory import create_app
+from app.settings import Settings
+from tests.clients import local_client
+from tests.conftest import POSTGRES_ADMIN_URL
+from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session
 
 
@@ -146,3 +157,71 @@ async def test_search_errors(client: AsyncTestClient) -> None:
 
 async def test_unknown_route_is_a_problem_404(client: AsyncTestClient) -> None:
     assert_problem(await client.get("/v1/nothing-here"), 404)
+
+
+@asynccontextmanager
+async def database_down(database_url: str) -> AsyncIterator[None]:
+    """The database refuses every connection, its open ones ended, as if its server were
+    down; allowed again at the end. (The server itself is shared by the whole run.)"""
+    name = database_url.rpartition("/")[2]
+    admin = create_async_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as connection:
+            await connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            # The timeout makes each call wait until its backend has gone.
+            await connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                    " WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+        try:
+            yield
+        finally:
+            async with admin.connect() as connection:
+                await connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+    finally:
+        await admin.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_database_that_is_down_is_a_503_and_loses_nothing_acknowledged(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    app = create_app(
+        Settings(data_dir=tmp_path / "data", database_url=postgres_url),
+        embedder=HashEmbedder(),
+        engine=ScriptedEngine(["Noted.", "Still here."]),
+    )
+    async with local_client(app) as client:
+        session_id = (await create_session(client, "alice"))["id"]
+        turn = {"content": "I am allergic to peanuts.", "max_tokens": 8}
+        assert (await client.post(f"/v1/sessions/{session_id}/messages", json=turn)).is_success
+        before = await stored_messages(client, session_id)
+        async with database_down(postgres_url):
+            for response in (
+                await client.post("/v1/sessions", json={"user_id": "bob"}),
+                await client.post(
+                    f"/v1/sessions/{session_id}/messages", json={"content": "And now?"}
+                ),
+                await client.post(
+                    "/v1/memory/search", json={"user_id": "alice", "query": "peanuts"}
+                ),
+            ):
+                body = assert_problem(response, 503)
+                assert body["detail"] == "the database is unavailable"
+                assert response.headers["retry-after"] == "5"
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["checks"]["database"].startswith("error: ")
+        # Back up: everything acknowledged is there, nothing of the refused requests.
+        assert (await client.get("/readyz")).status_code == 200
+        assert await stored_messages(client, session_id) == before
+        assert [m["content"] for m in before] == ["I am allergic to peanuts.", "Noted."]
+        sessions = await client.get("/v1/sessions", params={"user_id": "bob"})
+        assert sessions.json() == {"sessions": []}
+        found = await client.post(
+            "/v1/memory/search", json={"user_id": "alice", "query": "peanuts", "k": 1}
+        )
+        assert [r["id"] for r in found.json()["results"]] == [before[0]["id"]]
