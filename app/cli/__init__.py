@@ -50,8 +50,8 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.cli.serving import serving_app
     from app.cli.workers import UnsupportedWorkersError, check_workers, serve_workers
-    from app.factory import create_app
 
     settings = settings.model_copy(
         update={"host": args.host or settings.host, "port": args.port or settings.port}
@@ -73,7 +73,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         serve_workers(settings, num_workers)
         return 0
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
+        serving_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
     )
     return 0
 

@@ -58,11 +58,11 @@ def worker_app() -> Litestar:
     """uvicorn's factory, called in each worker: the settings from the environment (the
     parent put --host and --port there), every log line naming the worker's pid."""
     from app.cli import configure_logging
-    from app.factory import create_app
+    from app.cli.serving import serving_app
 
     settings = Settings()
     configure_logging(settings.log_level, extra_processors=(_add_pid,))
-    return create_app(settings)
+    return serving_app(settings)
 
 
 def serve_workers(settings: Settings, num_workers: int) -> None:
