@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import Database
@@ -38,6 +40,15 @@ async def bump_memory_versions(session: AsyncSession, user_pks: Collection[int])
     return versions
 
 
+def _insert_missing(session: AsyncSession) -> Any:
+    """An insert of vectors that leaves a message's existing vector alone: another process
+    may have stored it between our read and this write (one starting up repairs the
+    messages it finds without a vector while another is about to store theirs), and both
+    made it from the same text with the same model."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return dialect.insert(MessageEmbedding).on_conflict_do_nothing(index_elements=["message_id"])
+
+
 class EmbeddingRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -46,7 +57,8 @@ class EmbeddingRepository:
         self, model: str, dimension: int, vectors: Sequence[StoredVector], *, replace: bool = True
     ) -> dict[int, int]:
         """Store the vectors of messages in one transaction; `replace=False` for messages
-        just stored (they have none yet), else earlier vectors of them are replaced.
+        just stored or found without one (a vector another process stored for one of them
+        meanwhile is kept), else earlier vectors of them are replaced.
         Returns each user's new change count (`bump_memory_versions`)."""
         if not vectors:
             return {}
@@ -60,7 +72,7 @@ class EmbeddingRepository:
                         )
                     )
             await session.execute(
-                insert(MessageEmbedding),
+                _insert_missing(session),
                 [
                     {
                         "message_id": item.message_id,

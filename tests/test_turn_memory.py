@@ -167,3 +167,31 @@ async def test_idle_users_are_closed_beyond_the_cap_and_reopened_whole(
     assert before[0] == first_ids[1]
     assert await memory.scope_sizes(first_pk) == (3, 3)
     assert memory.num_open_users == 8
+
+
+async def test_a_vector_another_process_stored_meanwhile_is_kept(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A process that starts repairs the messages it finds without a vector, while another
+    process may be about to store one of them (its turn is between the two writes): both
+    succeed, and the vector stored first stays."""
+    engine = create_engine(database_url)
+    try:
+        repos = Repositories.of(Database(engine))
+        starting, serving = memory_for(repos, tmp_path / "a"), memory_for(repos, tmp_path / "b")
+        chat, user = await repos.sessions.create_session(
+            "alice", None, {}, tenant_id=DEFAULT_TENANT_ID
+        )
+        result = await repos.messages.append(
+            chat, [NewTurn(role="user", content=TEXTS[0], token_count=5)]
+        )
+        found = await repos.messages.list_unembedded_messages(10)
+        assert [t.id for t in found] == [result.turns[0].id]
+        first, second = np.eye(64, dtype=np.float32)[:2]
+        await serving.index(result.turns, vectors=[first], fresh=True)
+        await starting.index(found, vectors=[second], fresh=True)  # no ConflictError
+        [stored] = await repos.embeddings.list_user_vectors(user.id)
+        assert np.array_equal(np.frombuffer(stored.vector, dtype=np.float32), first)
+        assert await starting.repair_unembedded() == 0
+    finally:
+        await engine.dispose()

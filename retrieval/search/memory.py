@@ -473,10 +473,12 @@ class TurnMemory:
         return len(await self._index.list_ids(user_pk)), len(self._lexical.list_ids(user_pk))
 
     async def repair_unembedded(self) -> int:
-        """Embed and index messages that were stored without a vector (crash recovery)."""
+        """Embed and index messages that were stored without a vector (crash recovery).
+        With several processes, some may be messages another process has just stored and
+        is about to index: whichever vector is stored first is kept (`fresh`)."""
         num_repaired = 0
         while batch := await self._messages.list_unembedded_messages(REPAIR_BATCH_SIZE):
-            await self.index(batch)
+            await self.index(batch, fresh=True)
             num_repaired += len(batch)
         if num_repaired:
             log.info("unembedded_messages_repaired", num_messages=num_repaired)
