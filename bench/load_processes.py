@@ -55,7 +55,10 @@ frontend api
     default_backend apps
 backend apps
     balance roundrobin
-    option httpchk GET /readyz
+    # HTTP/1.1 with a loopback Host: in local mode (no API keys) the app answers no other.
+    option httpchk
+    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host localhost
+    http-check expect status 200
     default-server inter 1s fall 2 rise 2
 {servers}
 """
@@ -126,6 +129,23 @@ class App:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+async def balanced(front: str, timeout_s: float = 60) -> None:
+    """Until the balancer answers readiness from both processes, in turn (round robin):
+    its health checks have put both in rotation."""
+    deadline = time.monotonic() + timeout_s
+    in_a_row = 0
+    async with httpx.AsyncClient(timeout=2) as client:
+        while in_a_row < 4:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the balancer has no process in rotation")
+            try:
+                ok = (await client.get(f"{front}/readyz")).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            in_a_row = in_a_row + 1 if ok else 0
+            await asyncio.sleep(0.5)
 
 
 async def probe(writer: str, reader: str, number: int, counts: Counter[str]) -> None:
@@ -222,7 +242,7 @@ async def phase(name: str, root: Path, args: argparse.Namespace) -> dict:
             config.write_text(HAPROXY.format(front=port, servers=servers))
             balancer = subprocess.Popen(["haproxy", "-f", str(config)])
             front = f"http://127.0.0.1:{port}"
-            await asyncio.sleep(2)
+            await balanced(front)
 
             async def run_probes(deadline: float) -> None:
                 await probes(apps, deadline, counts)

@@ -13,11 +13,12 @@ if TYPE_CHECKING:
 
 def freeze_heap() -> None:
     """Moves what the start-up made (modules, models, the app's object graph) out of the
-    garbage collector's reach. A full collection otherwise walks all of it, with the
-    event loop stopped: 100-250 ms at a time, every second or so under a steady load of
-    chat turns (bench/loop_lag.py), which every request of the process waits out. After
-    this, a collection walks only what requests made since. Objects frozen here are never
-    freed, which is what start-up objects of a serving process are anyway."""
+    garbage collector's reach. A full collection walks every tracked object with the
+    event loop stopped: 100-250 ms each while the app starts (bench/loop_lag.py's
+    process, timed with gc.callbacks), and after that whenever enough new long-lived
+    objects accumulate. Frozen, the start-up's objects are no longer walked, so a later
+    collection costs what requests made since (none over 20 ms in the same benchmark).
+    They are never freed, which is what a serving process's start-up objects are anyway."""
     gc.collect()
     gc.freeze()
 
