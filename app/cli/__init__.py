@@ -89,7 +89,7 @@ async def _check_access(settings: Settings) -> None:
         await db.dispose()
 
 
-async def _reindex(settings: Settings, show_progress: bool) -> tuple[int, int]:
+async def _reindex(settings: Settings, show_progress: bool) -> tuple[int, int, str]:
     from app.adapters import load_embedder
     from app.runtime import build_knowledge, build_memory
 
@@ -108,17 +108,17 @@ async def _reindex(settings: Settings, show_progress: bool) -> tuple[int, int]:
             "knowledge", "chunks", enabled=show_progress, total=counts["knowledge_chunks"]
         ) as bar:
             num_chunks = await knowledge.rebuild(bar.advance)
-        return num_messages, num_chunks
+        return num_messages, num_chunks, embedder.model_name
     finally:
         await db.dispose()
 
 
 def cmd_reindex(settings: Settings, args: argparse.Namespace) -> int:
     asyncio.run(migrate_database(settings, "head"))
-    num_messages, num_chunks = asyncio.run(_reindex(settings, is_shown(args)))
+    num_messages, num_chunks, model_name = asyncio.run(_reindex(settings, is_shown(args)))
     print(
         f"re-embedded and indexed {num_messages} messages and {num_chunks} knowledge chunks"
-        f" with {settings.embedder.model_name}"
+        f" with {model_name}"
     )
     return 0
 

@@ -32,7 +32,7 @@ class ContextPreview:
         content_tokens = await self._builder.check(content, params)
         state = await session_of_tenant(self._sessions, session_id, tenant_id)
         view = await self._windows.load(state.summary)
-        vector = (await self._memory.embed([content]))[0]
+        vector = (await self._memory.embed_queries([content]))[0]
         clock = StageClock()  # a preview is no turn: its timings are not reported
         built = await self._builder.build(
             state, view, vector, content, content_tokens, params, clock

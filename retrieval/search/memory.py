@@ -26,7 +26,7 @@ import structlog
 
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.reconcile import reconcile
-from retrieval.protocols import Embedder, ScoredId, VectorIndex
+from retrieval.protocols import Embedder, QueryEmbedder, ScoredId, VectorIndex
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
 from retrieval.search.fusion import (
     drop_near_duplicates,
@@ -154,15 +154,27 @@ class TurnMemory:
                 )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of stored texts: turns, facts."""
+        return await self._embedder.embed(list(texts))
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of search queries, for turns, facts and knowledge alike: the embedder's
+        own query vectors where its model tells queries apart (`QueryEmbedder`)."""
+        if isinstance(self._embedder, QueryEmbedder):
+            return await self._embedder.embed_queries(list(texts))
         return await self._embedder.embed(list(texts))
 
     async def embed_turn(
         self, query: str | None, turn: Turn, earlier: Sequence[Turn]
     ) -> tuple[np.ndarray | None, np.ndarray]:
-        """In one call of the embedder: the query's vector (None without a query) and the
-        vector `turn` will be indexed with (its dense pieces, `earlier` its context)."""
+        """The query's vector (None without a query) and the vector `turn` will be indexed
+        with (its dense pieces, `earlier` their context); in one call of the embedder
+        unless it embeds queries its own way."""
         pieces = dense_texts(self._config.dense_text, in_session_order([turn], earlier))
         own = pieces[[t.id for t in in_session_order([turn], earlier)].index(turn.id)]
+        if query is not None and isinstance(self._embedder, QueryEmbedder):
+            query_vector = (await self.embed_queries([query]))[0]
+            return query_vector, mean_of_pieces(await self.embed(own), [len(own)])[0]
         texts = [*([query] if query is not None else []), *own]
         vectors = await self.embed(texts)
         query_vector = vectors[0] if query is not None else None
