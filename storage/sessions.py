@@ -122,17 +122,18 @@ class SessionRepository:
     async def list_sessions(
         self, user_external_id: str, *, tenant_id: int
     ) -> list[tuple[Session, int]]:
-        """Sessions of a user, oldest first, each with its number of messages."""
-        counts = (
-            select(Message.session_id, func.count(Message.id).label("n"))
-            .group_by(Message.session_id)
-            .subquery()
+        """Sessions of a user, oldest first, each with its number of messages (counted per
+        session through the messages' session index: only this user's rows are read)."""
+        count = (
+            select(func.count(Message.id))
+            .where(Message.session_id == ChatSession.id)
+            .correlate(ChatSession)
+            .scalar_subquery()
         )
         async with self._db.transaction() as session:
             rows = await session.execute(
-                select(ChatSession, func.coalesce(counts.c.n, 0))
+                select(ChatSession, count)
                 .join(UserRow, UserRow.id == ChatSession.user_pk)
-                .outerjoin(counts, counts.c.session_id == ChatSession.id)
                 .where(UserRow.tenant_id == tenant_id, UserRow.external_id == user_external_id)
                 .order_by(ChatSession.created_at, ChatSession.id)
             )

@@ -222,3 +222,22 @@ async def test_prefix_reuse_counts_tokens_shared_with_the_previous_prompt(
     ]
     assert previews[0]["prefix_reuse"] == previews[1]["prefix_reuse"]
     assert previews[0]["prefix_reuse"] > second["context"]["prefix_reuse"]
+
+
+async def test_a_listing_counts_each_sessions_own_messages(client: AsyncTestClient) -> None:
+    def history(n: int) -> dict:
+        return {"messages": [{"role": "user", "content": f"note {i}"} for i in range(n)]}
+
+    first = await create_session(client, title="one")
+    second = await create_session(client, title="two")
+    empty = await create_session(client, title="three")
+    elsewhere = await create_session(client, user_id="bob")
+    for session, n in ((first, 3), (second, 1), (elsewhere, 5)):
+        imported = await client.post(f"/v1/sessions/{session['id']}/history", json=history(n))
+        assert imported.status_code == 201, imported.text
+    listed = (await client.get("/v1/sessions", params={"user_id": "alice"})).json()["sessions"]
+    assert [(s["id"], s["num_messages"]) for s in listed] == [
+        (first["id"], 3),
+        (second["id"], 1),
+        (empty["id"], 0),
+    ]
