@@ -12,7 +12,7 @@ one process there is no other). At the end every acknowledged message is looked 
 SQL (lost: acknowledged but not stored; duplicated: stored more often than
 acknowledged) and every probe whose turn was not found is a stale read.
 
-    .venv/bin/python bench/load_processes.py [--users 50] [--seconds 60]
+    .venv/bin/python bench/load_processes.py [--users 50] [--seconds 60] [--probe-lanes 4]
 
 Needs haproxy on PATH (`make haproxy`) and the PostgreSQL server of
 MEMCHAT_STACK_POSTGRES_URL (default postgresql+asyncpg://postgres@127.0.0.1:5432/test).
@@ -181,12 +181,16 @@ async def probe(writer: str, reader: str, number: int, counts: Counter[str]) -> 
         counts["stale"] += 1
 
 
-async def probes(apps: list[App], deadline: float, counts: Counter[str]) -> None:
-    number = 0
+async def probes(
+    apps: list[App], deadline: float, counts: Counter[str], lane: int, num_lanes: int
+) -> None:
+    """One of `num_lanes` probe loops; each writes through A and reads through B, then
+    the other way round."""
+    number = lane
     while time.monotonic() < deadline:
         writer, reader = (apps[0], apps[1]) if number % 2 == 0 else (apps[1], apps[0])
         await probe(writer.url, reader.url, number, counts)
-        number += 1
+        number += num_lanes
         await asyncio.sleep(0.2)
 
 
@@ -245,7 +249,12 @@ async def phase(name: str, root: Path, args: argparse.Namespace) -> dict:
             await balanced(front)
 
             async def run_probes(deadline: float) -> None:
-                await probes(apps, deadline, counts)
+                await asyncio.gather(
+                    *(
+                        probes(apps, deadline, counts, lane, args.probe_lanes)
+                        for lane in range(args.probe_lanes)
+                    )
+                )
 
             async def run_chaos(_deadline: float) -> None:
                 await chaos(apps[0], args.kill_at, args.restart_at, events)
@@ -301,6 +310,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--users", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--probe-lanes", type=int, default=4, help="probe loops at once")
     parser.add_argument("--kill-at", type=float, default=20.0)
     parser.add_argument("--restart-at", type=float, default=30.0)
     args = parser.parse_args()
