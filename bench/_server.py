@@ -1,4 +1,5 @@
-"""Start `memchat serve` on a fresh data dir for a benchmark (shared by the bench scripts)."""
+"""Start `memchat serve` on a fresh data dir, or a local vLLM CPU server, for a benchmark
+(shared by the bench scripts)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def start_server(
@@ -40,3 +45,26 @@ def start_server(
             time.sleep(0.2)
     process.kill()
     raise RuntimeError("memchat serve did not become ready")
+
+
+@contextmanager
+def local_vllm(
+    log: Path, *, port: int, enforce_eager: bool, kv_cache_gib: int = 2
+) -> Iterator[str]:
+    """A vLLM CPU server of the local environment (`make vllm`) on SmolLM2-135M; its URL."""
+    sys.path.insert(0, str(REPO))
+    from app.vllm_server import local as vllm_local
+    from retrieval.engines.llamacpp import default_model_path
+
+    python = vllm_local.ensure_venv()
+    model = vllm_local.ensure_checkpoint(python, default_model_path())
+    options = vllm_local.ServerOptions(
+        port=port, enforce_eager=enforce_eager, kv_cache_gib=kv_cache_gib
+    )
+    process = vllm_local.start_server(python, model, options, log)
+    url = f"http://127.0.0.1:{options.port}"
+    try:
+        vllm_local.wait_ready(url, process, timeout_s=1200)
+        yield url
+    finally:
+        vllm_local.stop_server(process)

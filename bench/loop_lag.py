@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from _server import REPO, local_vllm
 
-REPO = Path(__file__).resolve().parents[1]
 TICK_S = 0.010
 QUESTIONS = [
     "I moved to Lisbon last spring and I am learning Portuguese.",
@@ -91,24 +91,6 @@ def serve_monitored(port: int, samples: Path) -> None:
 
 
 # The driver ----------------------------------------------------------------------------
-
-
-@contextmanager
-def local_vllm(log: Path) -> Iterator[str]:
-    sys.path.insert(0, str(REPO))
-    from app.vllm_server import local as vllm_local
-    from retrieval.engines.llamacpp import default_model_path
-
-    python = vllm_local.ensure_venv()
-    model = vllm_local.ensure_checkpoint(python, default_model_path())
-    options = vllm_local.ServerOptions(port=18741, kv_cache_gib=1, enforce_eager=True)
-    process = vllm_local.start_server(python, model, options, log)
-    url = f"http://127.0.0.1:{options.port}"
-    try:
-        vllm_local.wait_ready(url, process, timeout_s=1200)
-        yield url
-    finally:
-        vllm_local.stop_server(process)
 
 
 @contextmanager
@@ -252,7 +234,9 @@ def main() -> None:
     pooled = {label: {"idle": [], "loaded": [], "turns": []} for label in labels}
     with tempfile.TemporaryDirectory(prefix="memchat-lag-") as root:
         engine = (
-            local_vllm(Path(root) / "vllm.log") if args.vllm_url is None else given(args.vllm_url)
+            local_vllm(Path(root) / "vllm.log", port=18741, enforce_eager=True, kv_cache_gib=1)
+            if args.vllm_url is None
+            else given(args.vllm_url)
         )
         with engine as vllm_url:
             for round_number in range(args.rounds):

@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import signal
 import statistics
-import sys
 import tempfile
 import uuid
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
-from _server import start_server
+from _server import local_vllm, start_server
 from long_chat import stream_turn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,24 +102,6 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-@contextmanager
-def local_vllm(log: Path, enforce_eager: bool):
-    sys.path.insert(0, str(REPO))
-    from app.vllm_server import local as vllm_local
-    from retrieval.engines.llamacpp import default_model_path
-
-    python = vllm_local.ensure_venv()
-    model = vllm_local.ensure_checkpoint(python, default_model_path())
-    options = vllm_local.ServerOptions(port=18731, enforce_eager=enforce_eager)
-    process = vllm_local.start_server(python, model, options, log)
-    url = f"http://127.0.0.1:{options.port}"
-    try:
-        vllm_local.wait_ready(url, process, timeout_s=1200)
-        yield url
-    finally:
-        vllm_local.stop_server(process)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=["vllm", "llamacpp"], default="vllm")
@@ -133,7 +114,13 @@ def main() -> None:
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         urls = args.vllm_url
         if args.engine == "vllm" and (args.start_vllm or not urls):
-            urls = [stack.enter_context(local_vllm(Path(scratch) / "vllm.log", args.enforce_eager))]
+            urls = [
+                stack.enter_context(
+                    local_vllm(
+                        Path(scratch) / "vllm.log", port=18731, enforce_eager=args.enforce_eager
+                    )
+                )
+            ]
         for stable in (True, False):
             label = "stable" if stable else "memories-first"
             data_dir = Path(scratch) / label
