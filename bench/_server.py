@@ -37,14 +37,28 @@ def start_server(
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    try:
+        wait_until_ready(url, process, timeout_s=300)
+    except RuntimeError:
+        process.kill()
+        raise
+    return process, url
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], *, timeout_s: float) -> None:
+    """Until the app at `url` answers `/readyz` with 200; fails early if it exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return process, url
+                return
         except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("memchat serve did not become ready")
+            pass
+        if process.poll() is not None:
+            raise RuntimeError(f"the app at {url} exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the app at {url} was not ready within {timeout_s:g} s")
+        time.sleep(0.2)
 
 
 @contextmanager

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from _server import REPO, local_vllm
+from _server import REPO, local_vllm, wait_until_ready
 
 TICK_S = 0.010
 QUESTIONS = [
@@ -122,16 +122,10 @@ def served(tree: Path, vllm_url: str, data_dir: Path, port: int) -> Iterator[str
     process = subprocess.Popen(command, cwd=data_dir, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the app of {tree} did not start: see {log.name}")
-            time.sleep(0.2)
+        try:
+            wait_until_ready(url, process, timeout_s=300)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc} (the app of {tree}): see {log.name}") from exc
         yield url
     finally:
         process.send_signal(signal.SIGTERM)
