@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
 
 
@@ -114,3 +121,67 @@ def test_context_terms_count_less_than_the_turns_own() -> None:
     equal.add(1, [1, 2], ["我妹妹住在上海", "Take a look!"], ["好的，我记住了", "我妹妹住在上海"])
     # Counted in full, the shorter neighbour would win.
     assert [h.id for h in equal.search(1, "我妹妹住在哪里", k=5)] == [2, 1]
+
+
+def reference_bm25(
+    documents: dict[int, str], weights: dict[str, float], k1: float = 1.2, b: float = 0.75
+) -> dict[int, float]:
+    """Every document's BM25 score for weighted terms, straight from the formula."""
+    counts = {doc_id: Counter(tokenize(text)) for doc_id, text in documents.items()}
+    average = sum(sum(c.values()) for c in counts.values()) / len(counts)
+    scores = dict.fromkeys(documents, 0.0)
+    for term, weight in weights.items():
+        df = sum(1 for c in counts.values() if term in c)
+        if not df:
+            continue
+        idf = math.log(1 + (len(counts) - df + 0.5) / (df + 0.5))
+        for doc_id, c in counts.items():
+            if term in c:
+                norm = k1 * (1 - b + b * sum(c.values()) / average)
+                scores[doc_id] += weight * idf * (k1 + 1) * c[term] / (c[term] + norm)
+    return scores
+
+
+WORDS = ["red", "car", "boat", "blue", "lake", "violin", "花生", "过敏", "dog", "run"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(
+        st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join),
+        min_size=1,
+        max_size=60,
+    ),
+    query=st.dictionaries(
+        st.sampled_from([tokenize(w)[0] for w in WORDS if w.isascii()] + ["花生", "过"]),
+        st.sampled_from([0.3, 1.0, 0.24]),
+        min_size=1,
+    ),
+    k=st.integers(1, 20),
+    removed=st.sets(st.integers(0, 59), max_size=10),
+    excluded=st.sets(st.integers(0, 59), max_size=5),
+)
+def test_pruned_top_k_is_the_exact_top_k(
+    texts: list[str],
+    query: dict[str, float],
+    k: int,
+    removed: set[int],
+    excluded: set[int],
+) -> None:
+    index = LexicalIndex()
+    index.add(1, list(range(len(texts))), texts)
+    index.remove(1, removed)
+    documents = {i: text for i, text in enumerate(texts) if i not in removed}
+    if not documents:
+        assert index.score(1, query, k).top(k) == []
+        return
+    expected = reference_bm25(documents, query)
+    ranked = sorted(
+        (i for i in documents if expected[i] > 0 and i not in excluded),
+        key=lambda i: (-expected[i], i),
+    )
+    scores = index.score(1, query, k, excluded)
+    hits = scores.top(k, excluded)
+    assert [h.id for h in hits] == ranked[:k]
+    assert [h.score for h in hits] == pytest.approx([expected[i] for i in ranked[:k]])
+    assert scores.of(list(range(60))) == pytest.approx(expected)

@@ -17,7 +17,7 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -72,45 +72,124 @@ def word_terms(text: str) -> dict[str, str]:
 
 
 @dataclass
-class _Scope:
-    lengths: dict[int, float] = field(default_factory=dict)
-    # Term weights per document: counts, plus `context_weight` per term of its context.
-    terms: dict[int, dict[str, float]] = field(default_factory=dict)
-    postings: dict[str, dict[int, float]] = field(default_factory=dict)
-    total_length: float = 0.0
-    # Per term: (doc ids, counts, doc lengths) as arrays, rebuilt after the term changes.
-    arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+class _Posting:
+    """One term's documents: slots ascending (a removed document's count is 0 until the
+    posting is compacted), with the number of live documents and an upper bound of
+    their counts (never lowered: a bound only needs to hold)."""
 
-    def posting_arrays(self, term: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        cached = self.arrays.get(term)
-        if cached is None:
-            posting = self.postings.get(term)
-            if not posting:
-                return None
-            ids = np.fromiter(posting.keys(), dtype=np.int64, count=len(posting))
-            counts = np.fromiter(posting.values(), dtype=np.float64, count=len(posting))
-            lengths = np.fromiter(
-                (self.lengths[i] for i in posting), dtype=np.float64, count=len(posting)
-            )
-            cached = self.arrays[term] = (ids, counts, lengths)
-        return cached
+    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    size: int = 0
+    df: int = 0
+    max_count: float = 0.0
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.slots[: self.size], self.counts[: self.size]
+
+    def extend(self, slots: np.ndarray, counts: np.ndarray) -> None:
+        end = self.size + len(slots)
+        if end > len(self.slots):
+            capacity = max(8, end, 2 * len(self.slots))
+            self.slots = np.resize(self.slots, capacity)
+            self.counts = np.resize(self.counts, capacity)
+        self.slots[self.size : end] = slots
+        self.counts[self.size : end] = counts
+        self.size = end
+        self.df += len(slots)
+        self.max_count = max(self.max_count, float(counts.max()))
+
+    def clear(self, slot: int) -> None:
+        position = int(np.searchsorted(self.slots[: self.size], slot))
+        self.counts[position] = 0.0
+        self.df -= 1
+        if self.size > 2 * self.df + 16:
+            slots, counts = self.view()
+            keep = counts > 0
+            self.slots, self.counts = slots[keep].copy(), counts[keep].copy()
+            self.size = len(self.slots)
+
+    def lookup(self, slots: np.ndarray) -> np.ndarray:
+        """The counts of `slots` (ascending) in this posting, 0 where absent."""
+        own, counts = self.view()
+        positions = np.minimum(np.searchsorted(own, slots), max(self.size - 1, 0))
+        found = own[positions] == slots if self.size else np.zeros(len(slots), dtype=bool)
+        return np.where(found, counts[positions] if self.size else 0.0, 0.0)
+
+
+@dataclass
+class _Scope:
+    """One user's documents. Each document has a slot (its position in the arrays, in
+    order of indexing); postings hold slots, so a query adds up scores in arrays over
+    the slots instead of merging sets of ids."""
+
+    term_ids: dict[str, int] = field(default_factory=dict)
+    terms: list[str] = field(default_factory=list)
+    postings: list[_Posting] = field(default_factory=list)
+    slot_of: dict[int, int] = field(default_factory=dict)  # document id -> slot
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # -1: gone
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    num_slots: int = 0
+    total_length: float = 0.0
+    # A lower bound of the live documents' lengths (for the terms' score bounds).
+    min_length: float = math.inf
+    # Per document: its term ids and weights, and the term ids of its own content.
+    documents: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    own_terms: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.documents)
+
+    def term_id(self, term: str) -> int:
+        found = self.term_ids.get(term)
+        if found is None:
+            found = self.term_ids[term] = len(self.terms)
+            self.terms.append(term)
+            self.postings.append(_Posting())
+        return found
+
+    def new_slots(self, count: int) -> np.ndarray:
+        end = self.num_slots + count
+        if end > len(self.ids):
+            capacity = max(64, end, 2 * len(self.ids))
+            self.ids = np.resize(self.ids, capacity)
+            self.lengths = np.resize(self.lengths, capacity)
+        slots = np.arange(self.num_slots, end, dtype=np.int64)
+        self.num_slots = end
+        return slots
 
 
 @dataclass(frozen=True, slots=True)
-class LexicalScores:
-    """The BM25 scores of one weighted query: every document sharing a term (ids
-    ascending) with its score, and the ids of every document in the scope."""
+class _Term:
+    """A query term as scored: its posting, its weight x idf x (k1 + 1), and the most
+    it can add to any document's score."""
 
-    doc_ids: np.ndarray
-    values: np.ndarray
-    held: Collection[int]
+    posting: _Posting
+    gain: float
+    bound: float
+
+
+class LexicalScores:
+    """The BM25 scores of one weighted query: the candidates that hold its top documents
+    (ids with their exact scores), and any other document's exact score on request."""
+
+    def __init__(
+        self,
+        doc_ids: np.ndarray,
+        values: np.ndarray,
+        exact: Callable[[Collection[int]], dict[int, float]] | None = None,
+    ) -> None:
+        self.doc_ids = doc_ids
+        self.values = values
+        self._exact = exact
 
     @classmethod
     def empty(cls) -> LexicalScores:
-        return cls(np.zeros(0, dtype=np.int64), np.zeros(0), frozenset())
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0))
 
     def top(self, k: int, exclude: Collection[int] = ()) -> list[ScoredId]:
-        """The k best documents less `exclude`, best first; ties: the lower id."""
+        """The k best documents less `exclude`, best first; ties: the lower id. Exact for
+        the k (and the excluded ids) the scores were computed for."""
         doc_ids, values = self.doc_ids, self.values
         if k <= 0:
             return []
@@ -122,12 +201,7 @@ class LexicalScores:
 
     def of(self, ids: Collection[int]) -> dict[int, float]:
         """The score of each of `ids` the scope holds (0 when it shares no term)."""
-        found = {doc_id: 0.0 for doc_id in ids if doc_id in self.held}
-        if found and len(self.doc_ids):
-            wanted = np.fromiter(found, dtype=np.int64, count=len(found))
-            keep = np.isin(self.doc_ids, wanted)
-            found.update(zip(self.doc_ids[keep].tolist(), self.values[keep].tolist(), strict=True))
-        return found
+        return self._exact(ids) if self._exact is not None else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +218,15 @@ class Feedback:
 
 
 class LexicalIndex:
-    """Okapi BM25 (k1, b) over documents keyed by message id, partitioned by scope (user)."""
+    """Okapi BM25 (k1, b) over documents keyed by message id, partitioned by scope (user).
+
+    A query's top k is found without scoring every posting (MaxScore): its terms are
+    taken by the most each can add to a score, rarest first in effect, and scored in
+    full until the terms left could not together lift a document that none of the
+    taken terms holds above the k-th score found so far; the terms left are then only
+    looked up for the documents found. The result is the exact top k: a long posting
+    (a speaker's name, in every other turn) costs only lookups.
+    """
 
     def __init__(
         self,
@@ -174,23 +256,56 @@ class LexicalIndex:
         ids: Sequence[int],
         texts: Sequence[str],
         contexts: Sequence[str] | None = None,
+        own: Sequence[str] | None = None,
     ) -> None:
         """Index texts, each with an optional context whose terms count `context_weight`
         times (so a turn's neighbour helps find it without outranking the turn that
-        says it); an id already present is replaced."""
+        says it); an id already present is replaced. `own` is what each document's
+        fingerprint is made of (`fingerprint`; default: its text)."""
         index = self._scopes.setdefault(scope, _Scope())
         self._remove(index, ids)
         contexts = contexts if contexts is not None else [""] * len(texts)
-        for doc_id, text, context in zip(ids, texts, contexts, strict=True):
+        own = own if own is not None else texts
+        slots = index.new_slots(len(ids))
+        entry_terms: list[int] = []
+        entry_slots: list[int] = []
+        entry_counts: list[float] = []
+        for doc_id, slot, text, context, content in zip(
+            ids, slots.tolist(), texts, contexts, own, strict=True
+        ):
             counts: dict[str, float] = dict(Counter(tokenize(text)))
             for term in tokenize(context):
                 counts[term] = counts.get(term, 0) + self._context_weight
-            index.terms[doc_id] = counts
-            index.lengths[doc_id] = sum(counts.values())
-            index.total_length += index.lengths[doc_id]
-            for term, count in counts.items():
-                index.postings.setdefault(term, {})[doc_id] = count
-                index.arrays.pop(term, None)
+            term_ids = np.fromiter(
+                (index.term_id(t) for t in counts), dtype=np.int32, count=len(counts)
+            )
+            weights = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+            index.documents[doc_id] = (term_ids, weights)
+            index.own_terms[doc_id] = np.unique(
+                np.fromiter((index.term_id(t) for t in tokenize(content)), dtype=np.int32)
+            )
+            length = float(weights.sum())
+            index.slot_of[doc_id] = slot
+            index.ids[slot] = doc_id
+            index.lengths[slot] = length
+            index.total_length += length
+            if length:
+                index.min_length = min(index.min_length, length)
+            entry_terms.extend(term_ids.tolist())
+            entry_slots.extend([slot] * len(counts))
+            entry_counts.extend(counts.values())
+        if not entry_terms:
+            return
+        # Grouped by term, slots ascending within each: one append per posting.
+        terms = np.asarray(entry_terms, dtype=np.int64)
+        order = np.argsort(terms, kind="stable")
+        terms = terms[order]
+        all_slots = np.asarray(entry_slots, dtype=np.int64)[order]
+        all_counts = np.asarray(entry_counts, dtype=np.float64)[order]
+        starts = np.flatnonzero(np.r_[True, terms[1:] != terms[:-1]])
+        ends = np.r_[starts[1:], len(terms)]
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            index.postings[int(terms[start])].extend(all_slots[start:end], all_counts[start:end])
 
     def remove(self, scope: int, ids: Iterable[int]) -> None:
         index = self._scopes.get(scope)
@@ -200,20 +315,27 @@ class LexicalIndex:
     @staticmethod
     def _remove(index: _Scope, ids: Iterable[int]) -> None:
         for doc_id in ids:
-            counts = index.terms.pop(doc_id, None)
-            if counts is None:
+            document = index.documents.pop(doc_id, None)
+            if document is None:
                 continue
-            index.total_length -= index.lengths.pop(doc_id)
-            for term in counts:
-                posting = index.postings[term]
-                del posting[doc_id]
-                index.arrays.pop(term, None)
-                if not posting:
-                    del index.postings[term]
+            index.own_terms.pop(doc_id, None)
+            slot = index.slot_of.pop(doc_id)
+            index.total_length -= index.lengths[slot]
+            index.ids[slot] = -1
+            index.lengths[slot] = 0.0
+            for term_id in document[0].tolist():
+                index.postings[term_id].clear(slot)
 
     def list_ids(self, scope: int) -> set[int]:
         index = self._scopes.get(scope)
-        return set(index.terms) if index is not None else set()
+        return set(index.documents) if index is not None else set()
+
+    def fingerprint(self, scope: int, doc_id: int) -> frozenset[int]:
+        """The distinct terms of a document's own content (empty if not held)."""
+        index = self._scopes.get(scope)
+        if index is None or doc_id not in index.own_terms:
+            return frozenset()
+        return frozenset(index.own_terms[doc_id].tolist())
 
     def search(
         self,
@@ -225,7 +347,7 @@ class LexicalIndex:
     ) -> list[ScoredId]:
         """The k best documents by BM25, best first; ties broken by the lower id."""
         weights = self.query_weights(scope, query, extra_terms, exclude)
-        return self.score(scope, weights).top(k, exclude)
+        return self.score(scope, weights, k, exclude).top(k, exclude)
 
     def query_weights(
         self,
@@ -251,47 +373,133 @@ class LexicalIndex:
             index is not None
             and feedback.num_docs
             and feedback.num_terms
-            and len(index.terms) >= feedback.min_corpus
+            and index.num_docs >= feedback.min_corpus
         ):
-            first = self._score(index, weights).top(feedback.num_docs, exclude)
+            first = self._score(index, weights, feedback.num_docs, exclude).top(
+                feedback.num_docs, exclude
+            )
             for term in self._expansion(index, first, weights):
                 weights[term] = feedback.weight
         return weights
 
-    def score(self, scope: int, weights: Mapping[str, float]) -> LexicalScores:
-        """Every document of the scope scored once for weighted terms: enough both to rank
-        them and to give any document's exact score."""
+    def score(
+        self,
+        scope: int,
+        weights: Mapping[str, float],
+        k: int = 0,
+        exclude: Collection[int] = (),
+    ) -> LexicalScores:
+        """Scores for weighted terms: the exact top k (less `exclude`) and, on request,
+        any document's exact score."""
         index = self._scopes.get(scope)
-        if index is None or not index.terms:
+        if index is None or not index.documents:
             return LexicalScores.empty()
-        return self._score(index, weights)
+        return self._score(index, weights, k, exclude)
 
-    def _idf(self, index: _Scope, term: str) -> float:
-        num_docs = len(index.terms)
-        df = len(index.postings[term])
-        return math.log(1 + (num_docs - df + 0.5) / (df + 0.5))
+    def _idf(self, index: _Scope, posting: _Posting) -> float:
+        df = posting.df
+        return math.log(1 + (index.num_docs - df + 0.5) / (df + 0.5))
 
-    def _score(self, index: _Scope, weights: Mapping[str, float]) -> LexicalScores:
-        """BM25 scores of every document sharing a weighted term, in numpy
-        over the postings (a name may be in every turn of a user: its posting is then as
-        long as the user's history)."""
-        average = index.total_length / len(index.terms)
-        found_ids: list[np.ndarray] = []
-        found_scores: list[np.ndarray] = []
+    def _terms(self, index: _Scope, weights: Mapping[str, float]) -> list[_Term]:
+        """The query's terms the scope holds, the one that can add most first."""
+        if index.total_length <= 0:
+            return []
+        average = index.total_length / index.num_docs
+        shortest = min(index.min_length, average)
+        norm = self._k1 * (1 - self._b + self._b * shortest / average)
+        found = []
         for term, weight in weights.items():
-            arrays = index.posting_arrays(term)
-            if arrays is None:
+            term_id = index.term_ids.get(term)
+            if term_id is None or weight <= 0:
                 continue
-            ids, counts, lengths = arrays
-            gain = weight * self._idf(index, term) * (self._k1 + 1)
-            norms = self._k1 * (1 - self._b + self._b * lengths / average)
-            found_ids.append(ids)
-            found_scores.append(gain * counts / (counts + norms))
-        if not found_ids:
-            return LexicalScores(np.zeros(0, dtype=np.int64), np.zeros(0), index.terms.keys())
-        doc_ids, positions = np.unique(np.concatenate(found_ids), return_inverse=True)
-        values = np.bincount(positions, weights=np.concatenate(found_scores))
-        return LexicalScores(doc_ids, values, index.terms.keys())
+            posting = index.postings[term_id]
+            if not posting.df:
+                continue
+            gain = weight * self._idf(index, posting) * (self._k1 + 1)
+            top = posting.max_count
+            found.append(_Term(posting, gain, gain * top / (top + norm)))
+        return sorted(found, key=lambda t: -t.bound)
+
+    def _contribution(
+        self, index: _Scope, term: _Term, slots: np.ndarray, counts: np.ndarray
+    ) -> np.ndarray:
+        average = index.total_length / index.num_docs
+        norms = self._k1 * (1 - self._b + self._b * index.lengths[slots] / average)
+        return term.gain * counts / (counts + norms)
+
+    def _score(
+        self,
+        index: _Scope,
+        weights: Mapping[str, float],
+        k: int,
+        exclude: Collection[int] = (),
+    ) -> LexicalScores:
+        """The exact top k by MaxScore (see the class docstring), over arrays by slot."""
+        terms = self._terms(index, weights)
+
+        def exact(ids: Collection[int]) -> dict[int, float]:
+            held = sorted(i for i in ids if i in index.slot_of)
+            if not held:
+                return {}
+            slots = np.fromiter((index.slot_of[i] for i in held), dtype=np.int64)
+            order = np.argsort(slots)
+            values = self._lookup(index, terms, slots[order])
+            result = dict.fromkeys(held, 0.0)
+            result.update(zip(np.asarray(held)[order].tolist(), values.tolist(), strict=True))
+            return result
+
+        wanted = k + len(exclude)
+        if not terms or k <= 0:
+            return LexicalScores(np.zeros(0, dtype=np.int64), np.zeros(0), exact)
+        scores = np.zeros(index.num_slots)
+        seen = np.zeros(index.num_slots, dtype=bool)
+        # The most the terms not yet taken can add, with a margin for rounding.
+        bounds = np.cumsum([t.bound for t in reversed(terms)])[::-1] * (1 + 1e-9) + 1e-12
+        taken = 0
+        threshold = 0.0
+        for term, remaining in zip(terms, bounds.tolist(), strict=True):
+            if taken and remaining < threshold:
+                break
+            slots, counts = term.posting.view()
+            scores[slots] += self._contribution(index, term, slots, counts)
+            seen[slots] = True
+            taken += 1
+            found = np.flatnonzero(seen)
+            if len(found) >= wanted:
+                threshold = float(np.partition(scores[found], len(found) - wanted)[-wanted])
+        remaining = float(bounds[taken]) if taken < len(terms) else 0.0
+        candidates = np.flatnonzero(seen)
+        # Only a document that the terms left could still lift to the threshold is
+        # looked up in their postings; then only the best `wanted` (with ties) are kept.
+        keep = (index.ids[candidates] >= 0) & (scores[candidates] + remaining >= threshold)
+        candidates = candidates[keep]
+        values = scores[candidates]
+        if taken < len(terms):
+            values = values + self._lookup(index, terms[taken:], candidates)
+        if len(values) > wanted:
+            cut = np.partition(values, len(values) - wanted)[-wanted]
+            best = values >= cut
+            candidates, values = candidates[best], values[best]
+        return LexicalScores(index.ids[candidates], values, exact)
+
+    def _lookup(self, index: _Scope, terms: Sequence[_Term], slots: np.ndarray) -> np.ndarray:
+        """The scores that `terms` give the documents at `slots` (ascending)."""
+        values = np.zeros(len(slots))
+        # Many documents: spread each posting over an array by slot and read it there
+        # (linear in the posting) rather than search the posting for each document.
+        spread = np.zeros(index.num_slots) if len(slots) > 256 else None
+        for term in terms:
+            if spread is None:
+                counts = term.posting.lookup(slots)
+            else:
+                own, own_counts = term.posting.view()
+                spread[own] = own_counts
+                counts = spread[slots]
+                spread[own] = 0.0
+            present = counts > 0
+            if present.any():
+                values[present] += self._contribution(index, term, slots[present], counts[present])
+        return values
 
     def _expansion(
         self, index: _Scope, top: Sequence[ScoredId], query_terms: Collection[str]
@@ -299,11 +507,12 @@ class LexicalIndex:
         """The feedback terms of the top documents, best first (ties: the smaller term)."""
         value: dict[str, float] = {}
         for hit in top:
-            counts = index.terms[hit.id]
-            length = index.lengths[hit.id]
-            for term, count in counts.items():
+            term_ids, counts = index.documents[hit.id]
+            length = index.lengths[index.slot_of[hit.id]]
+            for term_id, count in zip(term_ids.tolist(), counts.tolist(), strict=True):
+                term = index.terms[term_id]
                 if term not in query_terms:
-                    share = count / length * self._idf(index, term)
+                    share = count / length * self._idf(index, index.postings[term_id])
                     value[term] = value.get(term, 0.0) + share
         ordered = sorted(value, key=lambda term: (-value[term], term))
         return ordered[: self._feedback.num_terms]

@@ -34,7 +34,7 @@ from retrieval.search.fusion import (
     standardised_fusion,
 )
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
-from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores, tokenize
+from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
 from storage.embeddings import EmbeddingRepository, StoredVector
 from storage.messages import MessageRepository
 from storage.records import Turn
@@ -109,7 +109,6 @@ class TurnMemory:
         self._config = config or RetrievalConfig()
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
-        self._fingerprints: dict[int, frozenset[str]] = {}
         self._texts_loaded: set[int] = set()
         self._scope_locks: dict[int, asyncio.Lock] = {}
         # Each open scope's `memory_version`: the user's change count it is caught up to.
@@ -228,12 +227,9 @@ class TurnMemory:
     async def _close_scope(self, user_pk: int) -> None:
         """This process's state of one user gone from memory; the vectors stay in SQL
         and in the index's storage, the next use reopens them."""
-        ids = self._lexical.list_ids(user_pk)
         await self._index.unload(user_pk)
         self._lexical.drop(user_pk)
         self._neighbours.drop(user_pk)
-        for message_id in ids:
-            self._fingerprints.pop(message_id, None)
         self._texts_loaded.discard(user_pk)
         self._versions.pop(user_pk, None)
         self._recent.pop(user_pk, None)
@@ -268,8 +264,6 @@ class TurnMemory:
             texts_have = self._lexical.list_ids(user_pk)
             gone = texts_have - sql_ids
             self._lexical.remove(user_pk, gone)
-            for message_id in gone:
-                self._fingerprints.pop(message_id, None)
             if new := sql_ids - texts_have:
                 turns = await self._messages.list_messages_by_id(user_pk, new)
                 ordered = in_session_order(turns, await self._earlier(turns))
@@ -311,11 +305,14 @@ class TurnMemory:
             for t, (own, context) in zip(ordered, parts, strict=True)
             if t.id in wanted
         ]
+        contents = {t.id: t.content for t in turns}
         self._lexical.add(
-            user_pk, [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen]
+            user_pk,
+            [c[0] for c in chosen],
+            [c[1] for c in chosen],
+            [c[2] for c in chosen],
+            own=[contents[c[0]] for c in chosen],
         )
-        for turn in turns:
-            self._fingerprints[turn.id] = frozenset(tokenize(turn.content))
         if self._config.neighbours.is_enabled:
             self._neighbours.add(user_pk, [f"{t.content} {t.image_caption or ''}" for t in turns])
 
@@ -406,7 +403,7 @@ class TurnMemory:
             rankings.append(await self._index.search(user_pk, vector, fetch, exclude))
         if config.mode != "dense" and query is not None:
             terms = await self._query_terms(user_pk, query, exclude)
-            lexical = self._lexical.score(user_pk, terms)
+            lexical = self._lexical.score(user_pk, terms, fetch, exclude)
             rankings.append(lexical.top(fetch, exclude))
         if len(rankings) == 1:
             ranked = rankings[0]
@@ -417,7 +414,12 @@ class TurnMemory:
             ranked = reciprocal_rank_fusion(rankings, weights, config.rrf_c)
         if config.duplicate_threshold > 1:
             return ranked[:k]
-        return drop_near_duplicates(ranked, self._fingerprint, config.duplicate_threshold, k)
+        return drop_near_duplicates(
+            ranked,
+            lambda message_id: self._lexical.fingerprint(user_pk, message_id),
+            config.duplicate_threshold,
+            k,
+        )
 
     async def _query_terms(
         self, user_pk: int, query: str, exclude: Collection[int]
@@ -440,16 +442,11 @@ class TurnMemory:
         weights = [self._config.dense_weight, self._config.lexical_weight]
         return standardised_fusion(rankings, [dense, lexical.of(candidates)], weights)
 
-    def _fingerprint(self, message_id: int) -> frozenset[str]:
-        return self._fingerprints.get(message_id, frozenset())
-
     async def forget(self, user_pk: int, message_ids: Collection[int]) -> None:
         """Drop vectors and terms of messages already deleted from SQL."""
         await self.ensure_scope(user_pk)
         await self._index.remove(user_pk, message_ids)
         self._lexical.remove(user_pk, message_ids)
-        for message_id in message_ids:
-            self._fingerprints.pop(message_id, None)
 
     async def _drop_scope(self, user_pk: int) -> None:
         """Every derived state of one user gone, vectors on disk included."""
@@ -464,8 +461,6 @@ class TurnMemory:
         """Drop a user's whole scope after their rows are gone."""
         async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
             await self._drop_scope(user_pk)
-            for message_id in message_ids:
-                self._fingerprints.pop(message_id, None)
 
     async def reindex_user(self, user_pk: int) -> int:
         """Re-embed one user's turns with the configured model and rebuild their scope."""
@@ -503,7 +498,6 @@ class TurnMemory:
         await self._index.drop_all()
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
-        self._fingerprints.clear()
         self._texts_loaded.clear()
         self._versions.clear()
         self._recent.clear()
