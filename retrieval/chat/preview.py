@@ -27,14 +27,24 @@ class ContextPreview:
         self._builder = builder
 
     async def preview(
-        self, session_id: str, content: str, params: SamplingParams, *, tenant_id: int
+        self,
+        session_id: str,
+        content: str,
+        params: SamplingParams,
+        *,
+        tenant_id: int,
+        clock: StageClock | None = None,
     ) -> AssembledContext:
+        """The context the message would get. A preview is no turn: its timings are not
+        reported, but a caller's `clock` gets them (stages "embed", "search", "context")."""
+        clock = clock or StageClock()
         content_tokens = await self._builder.check(content, params)
         state = await session_of_tenant(self._sessions, session_id, tenant_id)
         view = await self._windows.load(state.summary)
-        vector = (await self._memory.embed_queries([content]))[0]
-        clock = StageClock()  # a preview is no turn: its timings are not reported
-        built = await self._builder.build(
-            state, view, vector, content, content_tokens, params, clock
-        )
+        with clock.stage("embed"):
+            vector = (await self._memory.embed_queries([content]))[0]
+        with clock.stage("context"):
+            built = await self._builder.build(
+                state, view, vector, content, content_tokens, params, clock
+            )
         return built.context

@@ -5,6 +5,11 @@ Normalize). Its transformer is exported to ONNX once, with torch, into a cache d
 keyed by a hash of the weights; later starts load the cached file. Tokenisation uses the
 model's own `tokenizer.json` through the Rust `tokenizers` library. Only mean and CLS
 pooling are supported; other models must use the sentence-transformers adapter.
+
+With `int8`, the exported model's weights are quantised to 8 bits (ONNX Runtime's
+dynamic quantisation, per channel), also once into the cache: on CPUs with VNNI it
+embeds two to three times as fast; its vectors differ slightly from the full model's
+(cosine about 0.99), so they are stored under their own model name.
 """
 
 from __future__ import annotations
@@ -54,6 +59,20 @@ def _max_length(model_path: Path) -> int:
     if config_path.exists():
         return int(json.loads(config_path.read_text(encoding="utf-8")).get("max_seq_length", 512))
     return 512
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """The ONNX model at `source` with 8-bit weights (dynamic, per channel), at `target`."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".onnx", delete=False) as tmp:
+        tmp_path = Path(tmp.name)
+    try:
+        quantize_dynamic(source, tmp_path, weight_type=QuantType.QInt8, per_channel=True)
+        os.replace(tmp_path, target)
+    finally:
+        tmp_path.unlink(missing_ok=True)
 
 
 def export_onnx(model_path: Path, target: Path) -> None:
@@ -115,6 +134,7 @@ class OnnxEmbedder:
         *,
         batch_size: int = 64,
         num_threads: int | None = None,
+        int8: bool = False,
     ) -> None:
         import onnxruntime
         from tokenizers import Tokenizer
@@ -127,6 +147,12 @@ class OnnxEmbedder:
         onnx_path = cache_dir / f"{model_name.replace('/', '_')}-{_weights_digest(model_path)}.onnx"
         if not onnx_path.exists():
             export_onnx(model_path, onnx_path)
+        if int8:
+            quantized = onnx_path.with_name(f"{onnx_path.stem}-int8.onnx")
+            if not quantized.exists():
+                quantize_int8(onnx_path, quantized)
+            onnx_path = quantized
+            model_name = f"{model_name}-int8"
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads or os.cpu_count() or 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL

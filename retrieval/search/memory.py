@@ -514,3 +514,10 @@ class TurnMemory:
 
     async def save(self) -> None:
         await self._index.save()
+
+    async def wait_built(self) -> None:
+        """Wait for the vector index's background work (the approximate index of a large
+        scope, built off the event loop), where it does any."""
+        wait = getattr(self._index, "wait_built", None)
+        if wait is not None:
+            await wait()
