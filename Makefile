@@ -91,6 +91,7 @@ test: lint vllm browser haproxy
 	$(BIN)/pytest
 
 bench: install-dev
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/overhead.py
 
 clean:

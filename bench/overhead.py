@@ -145,6 +145,7 @@ async def measure(
     for question in questions[:10]:  # warm-up
         await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
     whole, embed, rest, search, pinned = [], [], [], [], []
+    in_search, assembling, reading = [], [], []
     for question in questions[:num_queries]:
         clock = StageClock()
         t0 = time.perf_counter()
@@ -154,6 +155,9 @@ async def measure(
         whole.append(time.perf_counter() - t0)
         embed.append(clock.seconds("embed"))
         rest.append(whole[-1] - embed[-1])
+        in_search.append(clock.seconds("search"))
+        assembling.append(clock.seconds("context") - clock.seconds("search"))
+        reading.append(rest[-1] - clock.seconds("context"))
         # The search and the pinned facts again, alone, for the breakdown.
         vector = (await runtime.memory.embed_queries([question]))[0]
         t1 = time.perf_counter()
@@ -165,13 +169,19 @@ async def measure(
     print(summary("embed + search + assemble", whole))
     print(summary("  embed (1 query)", embed))
     print(summary("  all but the embedding", rest))
-    print(summary("  of which search (k=5)", search))
-    print(summary("  of which pinned facts read", pinned))
+    print(summary("    session and window read", reading))
+    print(summary("    search, turn rows read", in_search))
+    print(summary("    assembly (facts, budget)", assembling))
+    print(summary("  search alone (k=5)", search))
+    print(summary("  pinned facts read alone", pinned))
     figures = {
         "whole": stats(whole),
         "embed": stats(embed),
         "rest": stats(rest),
         "search": stats(search),
+        "read": stats(reading),
+        "turn_search": stats(in_search),
+        "assemble": stats(assembling),
     }
     if runtime.knowledge is not None:
         # Vectors first: timed right after an embedding, a search also pays for the ONNX
@@ -349,7 +359,11 @@ async def main() -> None:
                 t0 = time.perf_counter()
                 session_id = await fill(runtime, "bench-user", turns, stored, size)
                 elapsed = time.perf_counter() - t0
-                await runtime.memory.wait_built()  # the approximate index, if due
+                # Steady state before timing turns: the approximate index built (if due),
+                # the background fact extraction of the imported turns done.
+                await runtime.memory.wait_built()
+                if runtime.fact_worker is not None:
+                    await runtime.fact_worker.drain()
                 rate = (size - stored) / elapsed
                 print(
                     f"\n{size} stored turns (imported {size - stored} in {elapsed:.1f} s, "

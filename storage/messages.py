@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Row, Select, func, or_, select
 
 from storage.db import Database
 from storage.models import Message, MessageEmbedding
-from storage.records import NewTurn, Session, Turn, to_record
+from storage.records import NewTurn, Session, Turn, field_names, to_record
 from storage.sessions import known_external_ids, message_row
 
 
@@ -21,6 +22,17 @@ class AppendResult:
 
 def _turns(rows: Sequence[Message]) -> list[Turn]:
     return [to_record(Turn, row) for row in rows]
+
+
+def _select_turns() -> Select[Any]:
+    """The columns of a turn, selected as they are: reads build records from plain rows,
+    without the ORM's objects (about half the time of a window's read)."""
+    return select(*(getattr(Message, name) for name in field_names(Turn)))
+
+
+def _turn_rows(rows: Sequence[Row[Any]]) -> list[Turn]:
+    names = field_names(Turn)
+    return [Turn(**dict(zip(names, row, strict=True))) for row in rows]
 
 
 class MessageRepository:
@@ -62,14 +74,14 @@ class MessageRepository:
         self, session_id: str, *, limit: int | None = None, after_seq: int = 0
     ) -> list[Turn]:
         query = (
-            select(Message)
+            _select_turns()
             .where(Message.session_id == session_id, Message.seq > after_seq)
             .order_by(Message.seq)
         )
         if limit is not None:
             query = query.limit(limit)
         async with self._db.transaction() as session:
-            return _turns((await session.scalars(query)).all())
+            return _turn_rows((await session.execute(query)).all())
 
     async def list_last_messages(self, session_id: str, limit: int) -> list[Turn]:
         """The session's last `limit` messages, in order (a client's resent history is
@@ -77,33 +89,33 @@ class MessageRepository:
         if limit <= 0:
             return []
         query = (
-            select(Message)
+            _select_turns()
             .where(Message.session_id == session_id)
             .order_by(Message.seq.desc())
             .limit(limit)
         )
         async with self._db.transaction() as session:
-            return _turns((await session.scalars(query)).all())[::-1]
+            return _turn_rows((await session.execute(query)).all())[::-1]
 
     async def list_messages_by_id(self, user_pk: int, ids: Collection[int]) -> list[Turn]:
         """Messages of one user by id (order not kept; ids of other users are ignored)."""
         if not ids:
             return []
         async with self._db.transaction() as session:
-            rows = await session.scalars(
-                select(Message).where(Message.user_pk == user_pk, Message.id.in_(list(ids)))
+            rows = await session.execute(
+                _select_turns().where(Message.user_pk == user_pk, Message.id.in_(list(ids)))
             )
-            return _turns(rows.all())
+            return _turn_rows(rows.all())
 
     async def list_user_messages(self, user_pk: int) -> list[Turn]:
         """Every message of a user, each session's in order (to build derived indexes)."""
         async with self._db.transaction() as session:
-            rows = await session.scalars(
-                select(Message)
+            rows = await session.execute(
+                _select_turns()
                 .where(Message.user_pk == user_pk)
                 .order_by(Message.session_id, Message.seq)
             )
-            return _turns(rows.all())
+            return _turn_rows(rows.all())
 
     async def list_messages_by_seq(self, keys: Collection[tuple[str, int]]) -> list[Turn]:
         """Messages by (session id, seq), in one query; keys that match nothing are ignored."""
@@ -119,30 +131,30 @@ class MessageRepository:
             )
         )
         async with self._db.transaction() as session:
-            rows = await session.scalars(
-                select(Message).where(condition).order_by(Message.session_id, Message.seq)
+            rows = await session.execute(
+                _select_turns().where(condition).order_by(Message.session_id, Message.seq)
             )
-            return _turns(rows.all())
+            return _turn_rows(rows.all())
 
     async def list_unembedded_messages(self, limit: int) -> list[Turn]:
         """Messages stored without a vector (a crash between the two writes)."""
         async with self._db.transaction() as session:
-            rows = await session.scalars(
-                select(Message)
+            rows = await session.execute(
+                _select_turns()
                 .outerjoin(MessageEmbedding, MessageEmbedding.message_id == Message.id)
                 .where(MessageEmbedding.message_id.is_(None))
                 .order_by(Message.id)
                 .limit(limit)
             )
-            return _turns(rows.all())
+            return _turn_rows(rows.all())
 
     async def list_messages_after_id(
         self, after_id: int, limit: int, *, user_pk: int | None = None
     ) -> list[Turn]:
         """Messages in id order after `after_id` (of one user when given), a page at a time."""
-        query = select(Message).where(Message.id > after_id)
+        query = _select_turns().where(Message.id > after_id)
         if user_pk is not None:
             query = query.where(Message.user_pk == user_pk)
         async with self._db.transaction() as session:
-            rows = await session.scalars(query.order_by(Message.id).limit(limit))
-            return _turns(rows.all())
+            rows = await session.execute(query.order_by(Message.id).limit(limit))
+            return _turn_rows(rows.all())
