@@ -154,6 +154,7 @@ def build_memory(settings: Settings, repositories: Repositories, embedder: Embed
         embedder,
         build_index(settings, embedder),
         retrieval_config(settings.retrieval),
+        snapshot_dir=settings.index_dir / "bm25",
     )
 
 

@@ -185,3 +185,29 @@ def test_pruned_top_k_is_the_exact_top_k(
     assert [h.id for h in hits] == ranked[:k]
     assert [h.score for h in hits] == pytest.approx([expected[i] for i in ranked[:k]])
     assert scores.of(list(range(60))) == pytest.approx(expected)
+
+
+def test_a_snapshot_restores_the_same_scores_and_takes_later_changes() -> None:
+    texts = {
+        i: f"{w} {WORDS[(i * 7) % len(WORDS)]} {WORDS[i % 3]}" for i, w in enumerate(WORDS * 3)
+    }
+    index = build(texts)
+    index.remove(1, [0, 5, 11])
+    index.add(1, [3], ["violin violin 花生"])
+    data = index.snapshot(1)
+    assert data is not None and index.snapshot(2) is None
+    copy = LexicalIndex()
+    assert copy.restore(7, data)
+    weights = {"violin": 1.0, "red": 0.3, "花生": 1.0, "lake": 0.24}
+    assert copy.list_ids(7) == index.list_ids(1)
+    assert copy.score(7, weights, 30).top(30) == index.score(1, weights, 30).top(30)
+    assert copy.fingerprint(7, 3) == index.fingerprint(1, 3)
+    for each in (copy, index):  # later changes land alike
+        scope = 7 if each is copy else 1
+        each.add(scope, [100, 3], ["red violin lake", "blue dog"])
+        each.remove(scope, [4])
+    assert copy.search(7, "violin lake dog", 30) == index.search(1, "violin lake dog", 30)
+    damaged = bytearray(data)
+    damaged[-5] ^= 1
+    assert not LexicalIndex().restore(1, bytes(damaged))
+    assert not LexicalIndex().restore(1, b"not a snapshot")

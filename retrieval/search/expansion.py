@@ -18,7 +18,7 @@ CJK text is left to the character n-grams of the lexical index.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,6 +75,43 @@ class WordNeighbours:
 
     def drop(self, scope: int) -> None:
         self._scopes.pop(scope, None)
+
+    def snapshot(self, scope: int) -> dict[str, np.ndarray] | None:
+        """The scope's words, their terms and the vectors of those embedded, as arrays
+        (None if not held); words still to embed stay to embed."""
+        vocabulary = self._scopes.get(scope)
+        if vocabulary is None:
+            return None
+        words = vocabulary.words + list(vocabulary.pending)
+        dimension = vocabulary.matrix.shape[1] if vocabulary.matrix is not None else 0
+        return {
+            "words": np.asarray(words, dtype=str),
+            "terms": np.asarray([vocabulary.terms[w] for w in words], dtype=str),
+            "matrix": (
+                vocabulary.matrix
+                if vocabulary.matrix is not None
+                else np.zeros((0, dimension), dtype=np.float32)
+            ),
+        }
+
+    def restore(self, scope: int, arrays: Mapping[str, np.ndarray]) -> None:
+        """Take a snapshot's vocabulary: the first `len(matrix)` words embedded."""
+        vocabulary = _Vocabulary()
+        words = [str(w) for w in arrays["words"].tolist()]
+        terms = [str(t) for t in arrays["terms"].tolist()]
+        matrix = np.asarray(arrays["matrix"], dtype=np.float32)
+        vocabulary.terms = dict(zip(words, terms, strict=True))
+        embedded = words[: len(matrix)]
+        vocabulary.words = embedded
+        vocabulary.rows = {word: row for row, word in enumerate(embedded)}
+        vocabulary.matrix = matrix if len(matrix) else None
+        vocabulary.pending = dict.fromkeys(words[len(matrix) :])
+        self._scopes[scope] = vocabulary
+
+    def num_embedded(self, scope: int) -> int:
+        """Words of the scope whose vectors are made."""
+        vocabulary = self._scopes.get(scope)
+        return len(vocabulary.words) if vocabulary is not None else 0
 
     def num_words(self, scope: int) -> int:
         vocabulary = self._scopes.get(scope)

@@ -13,6 +13,7 @@ texts that merely share their characters. Other scripts are split on word bounda
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import unicodedata
@@ -25,6 +26,7 @@ import numpy as np
 import snowballstemmer
 
 from retrieval.protocols import ScoredId
+from retrieval.search.snapshots import seal, unseal
 from retrieval.text import CJK, CJK_CHAR
 
 _TOKEN = re.compile(f"[{CJK}]+|[^\\W_{CJK}]+", re.UNICODE)
@@ -307,6 +309,20 @@ class LexicalIndex:
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
             index.postings[int(terms[start])].extend(all_slots[start:end], all_counts[start:end])
 
+    def snapshot(self, scope: int) -> bytes | None:
+        """The scope as the bytes of a snapshot file (None if not held)."""
+        index = self._scopes.get(scope)
+        return encode_scope(index) if index is not None else None
+
+    def restore(self, scope: int, data: bytes) -> bool:
+        """Take a snapshot's scope; False (and nothing changed) if the bytes are not an
+        intact snapshot."""
+        index = decode_scope(data)
+        if index is None:
+            return False
+        self._scopes[scope] = index
+        return True
+
     def remove(self, scope: int, ids: Iterable[int]) -> None:
         index = self._scopes.get(scope)
         if index is not None:
@@ -516,3 +532,92 @@ class LexicalIndex:
                     value[term] = value.get(term, 0.0) + share
         ordered = sorted(value, key=lambda term: (-value[term], term))
         return ordered[: self._feedback.num_terms]
+
+
+# Snapshots: a scope's arrays in one file, so that a restart reopens a large history
+# without tokenising it again. Format: MAGIC, the SHA-256 of the payload, then the payload
+# (numpy's .npz). A file that fails its checksum or does not parse is not used.
+SNAPSHOT_MAGIC = b"memchat-bm25-1\n"
+
+
+def _concatenated(arrays: Sequence[np.ndarray], dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays laid end to end, with the offsets that cut them apart again."""
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    joined: np.ndarray = (
+        np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype=dtype)
+    )
+    return joined, offsets
+
+
+def _cut(joined: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    return np.split(joined, offsets[1:-1]) if len(offsets) > 1 else []
+
+
+def encode_scope(index: _Scope) -> bytes:
+    documents = list(index.documents)
+    live = [index.postings[i].view() for i in range(len(index.postings))]
+    posting_slots, posting_offsets = _concatenated([p[0] for p in live], np.int64)
+    posting_counts, _ = _concatenated([p[1] for p in live], np.float64)
+    term_ids, doc_offsets = _concatenated([index.documents[d][0] for d in documents], np.int32)
+    weights, _ = _concatenated([index.documents[d][1] for d in documents], np.float64)
+    own, own_offsets = _concatenated([index.own_terms[d] for d in documents], np.int32)
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        terms=np.asarray(index.terms, dtype=object).astype(str),
+        posting_slots=posting_slots,
+        posting_counts=posting_counts,
+        posting_offsets=posting_offsets,
+        posting_df=np.asarray([p.df for p in index.postings], dtype=np.int64),
+        posting_max=np.asarray([p.max_count for p in index.postings], dtype=np.float64),
+        ids=index.ids[: index.num_slots],
+        lengths=index.lengths[: index.num_slots],
+        totals=np.asarray([index.total_length, index.min_length]),
+        documents=np.asarray(documents, dtype=np.int64),
+        doc_terms=term_ids,
+        doc_weights=weights,
+        doc_offsets=doc_offsets,
+        own_terms=own,
+        own_offsets=own_offsets,
+    )
+    return seal(SNAPSHOT_MAGIC, buffer.getvalue())
+
+
+def decode_scope(data: bytes) -> _Scope | None:
+    """The scope in a snapshot's bytes, or None when they are not an intact snapshot."""
+    payload = unseal(SNAPSHOT_MAGIC, data)
+    if payload is None:
+        return None
+    try:
+        arrays = np.load(io.BytesIO(payload), allow_pickle=False)
+        index = _Scope()
+        index.terms = [str(t) for t in arrays["terms"].tolist()]
+        index.term_ids = {term: i for i, term in enumerate(index.terms)}
+        slots = _cut(arrays["posting_slots"], arrays["posting_offsets"])
+        counts = _cut(arrays["posting_counts"], arrays["posting_offsets"])
+        for own_slots, own_counts, df, top in zip(
+            slots,
+            counts,
+            arrays["posting_df"].tolist(),
+            arrays["posting_max"].tolist(),
+            strict=True,
+        ):
+            index.postings.append(_Posting(own_slots, own_counts, len(own_slots), df, top))
+        index.ids = arrays["ids"].copy()
+        index.lengths = arrays["lengths"].copy()
+        index.num_slots = len(index.ids)
+        index.total_length, index.min_length = (float(v) for v in arrays["totals"])
+        documents = arrays["documents"].tolist()
+        terms = _cut(arrays["doc_terms"], arrays["doc_offsets"])
+        weights = _cut(arrays["doc_weights"], arrays["doc_offsets"])
+        own = _cut(arrays["own_terms"], arrays["own_offsets"])
+        index.documents = dict(zip(documents, zip(terms, weights, strict=True), strict=True))
+        index.own_terms = dict(zip(documents, own, strict=True))
+        live = np.flatnonzero(index.ids >= 0)
+        index.slot_of = dict(zip(index.ids[live].tolist(), live.tolist(), strict=True))
+    except (ValueError, KeyError, OSError, EOFError):
+        return None
+    if index.slot_of.keys() != index.documents.keys():
+        return None
+    return index

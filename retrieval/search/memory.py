@@ -17,10 +17,14 @@ are refused at start like vectors of another model (`memchat reindex` rebuilds t
 from __future__ import annotations
 
 import asyncio
+import io
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import anyio
 import numpy as np
 import structlog
 
@@ -35,6 +39,7 @@ from retrieval.search.fusion import (
 )
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
+from retrieval.search.snapshots import read_or_none, seal, unseal, write_atomic
 from storage.embeddings import EmbeddingRepository, StoredVector
 from storage.messages import MessageRepository
 from storage.records import Turn
@@ -42,6 +47,39 @@ from storage.records import Turn
 log = structlog.get_logger(__name__)
 
 REPAIR_BATCH_SIZE = 256
+WORDS_MAGIC = b"memchat-words-1\n"
+
+
+def _write_snapshots(
+    lexical_path: Path,
+    lexical: bytes,
+    words_path: Path,
+    vocabulary: Mapping[str, np.ndarray],
+    tag: str,
+) -> None:
+    buffer = io.BytesIO()
+    arrays: dict[str, Any] = {"tag": np.asarray(tag), **vocabulary}
+    np.savez(buffer, **arrays)
+    write_atomic(lexical_path, lexical)
+    write_atomic(words_path, seal(WORDS_MAGIC, buffer.getvalue()))
+
+
+def _read_snapshots(
+    lexical_path: Path, words_path: Path, tag: str
+) -> tuple[bytes | None, dict[str, np.ndarray] | None]:
+    """A user's lexical snapshot and vocabulary, the latter only if intact and made with
+    `tag` (see `TurnMemory._snapshot_tag`)."""
+    lexical = read_or_none(lexical_path)
+    payload = unseal(WORDS_MAGIC, read_or_none(words_path) or b"")
+    if lexical is None or payload is None:
+        return None, None
+    try:
+        arrays = dict(np.load(io.BytesIO(payload), allow_pickle=False))
+    except (ValueError, OSError, EOFError):
+        return None, None
+    if str(arrays.pop("tag", "")) != tag:
+        return None, None
+    return lexical, arrays
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +139,17 @@ class TurnMemory:
         embedder: Embedder,
         index: VectorIndex,
         config: RetrievalConfig | None = None,
+        *,
+        snapshot_dir: Path | None = None,
     ) -> None:
         self._messages = messages
+        # Where each user's lexical index and vocabulary are saved (None: never; they are
+        # then built from SQL whenever a user's memory is opened).
+        self._snapshot_dir = snapshot_dir
+        # Open scopes whose texts changed since their snapshot was written, and how many
+        # vocabulary words each snapshot holds embedded.
+        self._unsaved: set[int] = set()
+        self._saved_words: dict[int, int] = {}
         self._embeddings = embeddings
         self._embedder = embedder
         self._index = index
@@ -264,6 +311,7 @@ class TurnMemory:
             texts_have = self._lexical.list_ids(user_pk)
             gone = texts_have - sql_ids
             self._lexical.remove(user_pk, gone)
+            self._unsaved.add(user_pk)
             if new := sql_ids - texts_have:
                 turns = await self._messages.list_messages_by_id(user_pk, new)
                 ordered = in_session_order(turns, await self._earlier(turns))
@@ -289,12 +337,79 @@ class TurnMemory:
         await reconcile(self._index, user_pk, sql_ids, add, event="index_scope_reconciled")
 
     async def _load_texts(self, user_pk: int) -> None:
-        """Build the user's lexical index and fingerprints from every stored turn."""
-        turns = await self._messages.list_user_messages(user_pk)
-        self._lexical.reset(user_pk)
-        self._neighbours.drop(user_pk)
-        self._add_texts(user_pk, turns, turns)
+        """Open the user's lexical index and vocabulary: from their snapshot, caught up
+        with SQL, else built from every stored turn."""
+        if not await self._restore_texts(user_pk):
+            turns = await self._messages.list_user_messages(user_pk)
+            self._lexical.reset(user_pk)
+            self._neighbours.drop(user_pk)
+            self._add_texts(user_pk, turns, turns)
         self._texts_loaded.add(user_pk)
+
+    def _snapshot_paths(self, user_pk: int) -> tuple[Path, Path]:
+        assert self._snapshot_dir is not None
+        stem = self._snapshot_dir / f"scope-{user_pk}"
+        return stem.with_suffix(".bm25"), stem.with_suffix(".words")
+
+    async def _restore_texts(self, user_pk: int) -> bool:
+        """The user's snapshot taken, then the turns SQL has and it lacks added and those
+        SQL no longer has removed (turns are never edited, only added and deleted);
+        False if there is no intact snapshot of this recipe and embedder."""
+        if self._snapshot_dir is None:
+            return False
+        lexical_path, words_path = self._snapshot_paths(user_pk)
+        lexical_data, words = await anyio.to_thread.run_sync(
+            _read_snapshots, lexical_path, words_path, self._snapshot_tag
+        )
+        if lexical_data is None or words is None:
+            return False
+        if not await anyio.to_thread.run_sync(self._lexical.restore, user_pk, lexical_data):
+            return False
+        self._neighbours.restore(user_pk, words)
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk)
+        have = self._lexical.list_ids(user_pk)
+        self._lexical.remove(user_pk, have - sql_ids)
+        if new := sql_ids - have:
+            turns = await self._messages.list_messages_by_id(user_pk, new)
+            self._add_texts(user_pk, turns, in_session_order(turns, await self._earlier(turns)))
+        self._saved_words[user_pk] = self._neighbours.num_embedded(user_pk)
+        if new or have - sql_ids:
+            self._unsaved.add(user_pk)
+        log.info(
+            "lexical_scope_restored",
+            scope=user_pk,
+            num_turns=len(sql_ids),
+            num_added=len(new),
+            num_removed=len(have - sql_ids),
+        )
+        return True
+
+    @property
+    def _snapshot_tag(self) -> str:
+        """What a snapshot must have been made with: the lexical recipe, the context
+        weight and the vocabulary's embedder."""
+        recipe = self._config.lexical_text.tag()
+        return f"{recipe}|{self._config.context_weight}|{self._embedder.model_name}"
+
+    async def _save_snapshots(self) -> None:
+        """Write the snapshot of every open scope whose texts or embedded vocabulary
+        changed since its last one."""
+        if self._snapshot_dir is None or not self._needs_texts:
+            return
+        for user_pk in list(self._recent):
+            words = self._neighbours.num_embedded(user_pk)
+            if user_pk not in self._unsaved and self._saved_words.get(user_pk) == words:
+                continue
+            lexical = self._lexical.snapshot(user_pk)
+            vocabulary = self._neighbours.snapshot(user_pk)
+            if lexical is None or vocabulary is None:
+                continue
+            lexical_path, words_path = self._snapshot_paths(user_pk)
+            await anyio.to_thread.run_sync(
+                _write_snapshots, lexical_path, lexical, words_path, vocabulary, self._snapshot_tag
+            )
+            self._unsaved.discard(user_pk)
+            self._saved_words[user_pk] = words
 
     def _add_texts(self, user_pk: int, turns: Sequence[Turn], ordered: list[Turn]) -> None:
         """Index `turns`; `ordered` is them with their context, in session order."""
@@ -305,6 +420,7 @@ class TurnMemory:
             for t, (own, context) in zip(ordered, parts, strict=True)
             if t.id in wanted
         ]
+        self._unsaved.add(user_pk)
         contents = {t.id: t.content for t in turns}
         self._lexical.add(
             user_pk,
@@ -447,10 +563,16 @@ class TurnMemory:
         await self.ensure_scope(user_pk)
         await self._index.remove(user_pk, message_ids)
         self._lexical.remove(user_pk, message_ids)
+        self._unsaved.add(user_pk)
 
     async def _drop_scope(self, user_pk: int) -> None:
-        """Every derived state of one user gone, vectors on disk included."""
+        """Every derived state of one user gone, vectors and snapshots on disk included."""
         await self._index.drop(user_pk)
+        if self._snapshot_dir is not None:
+            for path in self._snapshot_paths(user_pk):
+                path.unlink(missing_ok=True)
+        self._unsaved.discard(user_pk)
+        self._saved_words.pop(user_pk, None)
         self._lexical.drop(user_pk)
         self._neighbours.drop(user_pk)
         self._texts_loaded.discard(user_pk)
@@ -501,6 +623,11 @@ class TurnMemory:
         self._texts_loaded.clear()
         self._versions.clear()
         self._recent.clear()
+        self._unsaved.clear()
+        self._saved_words.clear()
+        if self._snapshot_dir is not None:
+            for path in self._snapshot_dir.glob("scope-*"):
+                path.unlink()
         num_messages = 0
         after_id = 0
         while batch := await self._messages.list_messages_after_id(after_id, REPAIR_BATCH_SIZE):
@@ -514,6 +641,7 @@ class TurnMemory:
 
     async def save(self) -> None:
         await self._index.save()
+        await self._save_snapshots()
 
     async def wait_built(self) -> None:
         """Wait for the vector index's background work (the approximate index of a large
