@@ -43,7 +43,7 @@ from retrieval.chat.timing import StageClock
 from retrieval.facts.rules import rule_extractor
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.knowledge.base import Upload
-from retrieval.protocols import SamplingParams
+from retrieval.protocols import SamplingParams, ScoredId
 from retrieval.search.memory import TurnMemory
 from storage import migrate
 from storage.db import create_engine
@@ -196,11 +196,18 @@ async def measure(
     return figures
 
 
+async def texts_of(runtime: Runtime, user_pk: int, hits: list[ScoredId]) -> list[str]:
+    turns = await runtime.repositories.messages.list_messages_by_id(user_pk, [h.id for h in hits])
+    return [turn.content for turn in turns]
+
+
 async def agreement(
     runtime: Runtime, settings: Settings, user_pk: int, questions: list[str], directory: Path
 ) -> float:
     """The share of exact search's top 10 that the service's search also returns: the
-    same turn memory (lexical index, fusion) over a flat, exact copy of the vectors."""
+    same turn memory (lexical index, fusion) over a flat, exact copy of the vectors.
+    Turns are compared by their text: the store repeats each LoCoMo turn, and copies of
+    one turn tie, so two searches may return different copies of the same turn."""
     exact = TurnMemory(
         runtime.repositories.messages,
         runtime.repositories.embeddings,
@@ -212,10 +219,14 @@ async def agreement(
     found = []
     for question in questions:
         vector = (await runtime.memory.embed_queries([question]))[0]
-        served = await runtime.memory.search(user_pk, vector, 10, query=question)
-        truth = await exact.search(user_pk, vector, 10, query=question)
+        served = await texts_of(
+            runtime, user_pk, await runtime.memory.search(user_pk, vector, 10, query=question)
+        )
+        truth = await texts_of(
+            runtime, user_pk, await exact.search(user_pk, vector, 10, query=question)
+        )
         if truth:
-            found.append(len({h.id for h in served} & {h.id for h in truth}) / len(truth))
+            found.append(sum(min(served.count(t), truth.count(t)) for t in set(truth)) / len(truth))
     return statistics.fmean(found)
 
 

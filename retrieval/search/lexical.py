@@ -464,36 +464,46 @@ class LexicalIndex:
             result.update(zip(np.asarray(held)[order].tolist(), values.tolist(), strict=True))
             return result
 
-        wanted = k + len(exclude)
         if not terms or k <= 0:
             return LexicalScores(np.zeros(0, dtype=np.int64), np.zeros(0), exact)
         scores = np.zeros(index.num_slots)
         seen = np.zeros(index.num_slots, dtype=bool)
+        # Excluded documents never count: their slots are cleared after each term.
+        barred = np.fromiter(
+            (index.slot_of[i] for i in exclude if i in index.slot_of), dtype=np.int64
+        )
         # The most the terms not yet taken can add, with a margin for rounding.
         bounds = np.cumsum([t.bound for t in reversed(terms)])[::-1] * (1 + 1e-9) + 1e-12
         taken = 0
         threshold = 0.0
+        ceiling = 0.0  # no document's partial score exceeds the taken terms' bounds
         for term, remaining in zip(terms, bounds.tolist(), strict=True):
             if taken and remaining < threshold:
                 break
             slots, counts = term.posting.view()
             scores[slots] += self._contribution(index, term, slots, counts)
             seen[slots] = True
+            scores[barred] = 0.0
+            seen[barred] = False
             taken += 1
+            ceiling += term.bound
+            next_bound = bounds[taken] if taken < len(terms) else 0.0
+            if next_bound >= ceiling:
+                continue  # the threshold cannot reach what is left: no need to know it
             found = np.flatnonzero(seen)
-            if len(found) >= wanted:
-                threshold = float(np.partition(scores[found], len(found) - wanted)[-wanted])
+            if len(found) >= k:
+                threshold = float(np.partition(scores[found], len(found) - k)[-k])
         remaining = float(bounds[taken]) if taken < len(terms) else 0.0
         candidates = np.flatnonzero(seen)
         # Only a document that the terms left could still lift to the threshold is
-        # looked up in their postings; then only the best `wanted` (with ties) are kept.
+        # looked up in their postings; then only the best k (with ties) are kept.
         keep = (index.ids[candidates] >= 0) & (scores[candidates] + remaining >= threshold)
         candidates = candidates[keep]
         values = scores[candidates]
         if taken < len(terms):
             values = values + self._lookup(index, terms[taken:], candidates)
-        if len(values) > wanted:
-            cut = np.partition(values, len(values) - wanted)[-wanted]
+        if len(values) > k:
+            cut = np.partition(values, len(values) - k)[-k]
             best = values >= cut
             candidates, values = candidates[best], values[best]
         return LexicalScores(index.ids[candidates], values, exact)
