@@ -28,7 +28,7 @@ def unseal(magic: bytes, data: bytes) -> bytes | None:
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file, flush it to disk, then rename it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # processes may share a dir
     with tmp.open("wb") as handle:
         handle.write(data)
         handle.flush()
