@@ -3,7 +3,9 @@ files, catches them up with SQL, and never uses a damaged or foreign one."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -59,7 +61,7 @@ async def ranked(memory: TurnMemory, user_pk: int, query: str) -> list[tuple[int
     return [(hit.id, round(hit.score, 9)) for hit in hits]
 
 
-def restored(logs: list[dict]) -> list[dict]:
+def restored(logs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [
         {key: entry[key] for key in ("scope", "num_turns", "num_added", "num_removed")}
         for entry in logs
@@ -67,13 +69,21 @@ def restored(logs: list[dict]) -> list[dict]:
     ]
 
 
-async def test_a_restart_reopens_the_user_from_the_snapshot(
+async def saved_user(
     repos: Repositories, tmp_path: Path
-) -> None:
+) -> tuple[int, dict[str, list[tuple[int, float]]]]:
+    """A user of TEXTS, saved (snapshots written), and their rankings for QUERIES."""
     memory = memory_in(repos, tmp_path)
     user_pk, _ids = await store(repos, memory, TEXTS)
     before = {query: await ranked(memory, user_pk, query) for query in QUERIES}
     await memory.save()
+    return user_pk, before
+
+
+async def test_a_restart_reopens_the_user_from_the_snapshot(
+    repos: Repositories, tmp_path: Path
+) -> None:
+    user_pk, before = await saved_user(repos, tmp_path)
     assert (tmp_path / "bm25" / f"scope-{user_pk}.bm25").exists()
     assert (tmp_path / "bm25" / f"scope-{user_pk}.words").exists()
 
@@ -107,10 +117,7 @@ async def test_turns_stored_or_deleted_after_the_snapshot_are_caught_up(
 async def test_a_damaged_or_foreign_snapshot_is_not_used(
     repos: Repositories, tmp_path: Path
 ) -> None:
-    memory = memory_in(repos, tmp_path)
-    user_pk, _ids = await store(repos, memory, TEXTS)
-    before = {query: await ranked(memory, user_pk, query) for query in QUERIES}
-    await memory.save()
+    user_pk, before = await saved_user(repos, tmp_path)
     path = tmp_path / "bm25" / f"scope-{user_pk}.bm25"
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF  # one byte changed: the checksum fails

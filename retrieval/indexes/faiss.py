@@ -34,9 +34,7 @@ millisecond and run inline; reading and writing files, and training, are offload
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import math
-import os
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +45,7 @@ import faiss
 import numpy as np
 import structlog
 
+from retrieval.indexes.files import seal, unseal, write_atomic
 from retrieval.indexes.ivf import (
     DEFAULT_IVF_NUM_SCANNED,
     DEFAULT_IVF_THRESHOLD,
@@ -60,25 +59,20 @@ from retrieval.indexes.ivf import (
 )
 from retrieval.protocols import IndexLoadResult, ScoredId
 
-# File layout: MAGIC, the SHA-256 of the payload (32 bytes), the serialised index.
+# File layout (`retrieval.indexes.files.seal`): MAGIC, the SHA-256 of the payload, the index.
 MAGIC = b"memchat-faiss-1\n"
-DIGEST_BYTES = 32
 
 log = structlog.get_logger(__name__)
 
 
 def encode_index(index: faiss.Index) -> bytes:
-    payload = faiss.serialize_index(index).tobytes()
-    return MAGIC + hashlib.sha256(payload).digest() + payload
+    return seal(MAGIC, faiss.serialize_index(index).tobytes())
 
 
 def decode_index(data: bytes) -> faiss.Index | None:
     """The index in a file's bytes, or None when they are not an intact file of ours."""
-    if not data.startswith(MAGIC):
-        return None
-    start = len(MAGIC) + DIGEST_BYTES
-    digest, payload = data[len(MAGIC) : start], data[start:]
-    if hashlib.sha256(payload).digest() != digest:
+    payload = unseal(MAGIC, data)
+    if payload is None:
         return None
     try:
         return faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
@@ -373,13 +367,7 @@ class FaissIndex:
             self._dirty.clear()
 
     def _write(self, scope: int) -> None:
-        path = self._path(scope)
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("wb") as handle:
-            handle.write(encode_index(self._scopes[scope].index))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_atomic(self._path(scope), encode_index(self._scopes[scope].index))
 
     async def unload(self, scope: int) -> None:
         await anyio.to_thread.run_sync(self._unload, scope)

@@ -25,8 +25,8 @@ from functools import lru_cache
 import numpy as np
 import snowballstemmer
 
+from retrieval.indexes.files import seal, unseal
 from retrieval.protocols import ScoredId
-from retrieval.search.snapshots import seal, unseal
 from retrieval.text import CJK, CJK_CHAR
 
 _TOKEN = re.compile(f"[{CJK}]+|[^\\W_{CJK}]+", re.UNICODE)

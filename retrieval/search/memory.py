@@ -29,6 +29,7 @@ import numpy as np
 import structlog
 
 from retrieval.errors import EmbeddingModelMismatchError
+from retrieval.indexes.files import read_or_none, seal, unseal, write_atomic
 from retrieval.indexes.reconcile import reconcile
 from retrieval.protocols import Embedder, QueryEmbedder, ScoredId, VectorIndex
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
@@ -39,7 +40,6 @@ from retrieval.search.fusion import (
 )
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
-from retrieval.search.snapshots import read_or_none, seal, unseal, write_atomic
 from storage.embeddings import EmbeddingRepository, StoredVector
 from storage.messages import MessageRepository
 from storage.records import Turn

@@ -1,4 +1,4 @@
-"""Files of derived state (a user's lexical index and vocabulary), sealed with a checksum
+"""Files of derived state (vector indexes, lexical indexes, vocabularies), sealed with a checksum
 and written atomically: a file is either whole and ours, or not used at all."""
 
 from __future__ import annotations
