@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.claims import FACT_EXTRACTION, claim_in_transaction, int4_key
@@ -24,7 +24,7 @@ from storage.models import Fact as FactRow
 from storage.models import FactChange as FactChangeRow
 from storage.models import Message, utc_now
 from storage.models import User as UserRow
-from storage.records import Fact, FactChange, User, to_record
+from storage.records import Fact, FactChange, User, field_names, to_record
 from storage.users import is_row_id
 
 STATUSES = ("active", "superseded", "deleted")
@@ -78,18 +78,29 @@ def _iso(value: dt.datetime | None) -> str | None:
     return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).isoformat()
 
 
+# A user's facts as plain rows (read on every turn): the columns as they are, without the
+# ORM's objects, in a statement built once.
+_USER_FACTS = (
+    select(*(getattr(FactRow, name) for name in field_names(Fact)))
+    .where(
+        FactRow.user_pk == bindparam("user_pk"),
+        FactRow.status.in_(bindparam("statuses", expanding=True)),
+    )
+    .order_by(FactRow.id)
+)
+
+
 class FactRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
 
     async def list_facts(self, user_pk: int, statuses: Collection[str] = ("active",)) -> list[Fact]:
         async with self._db.transaction() as session:
-            rows = await session.scalars(
-                select(FactRow)
-                .where(FactRow.user_pk == user_pk, FactRow.status.in_(list(statuses)))
-                .order_by(FactRow.id)
+            rows = await session.execute(
+                _USER_FACTS, {"user_pk": user_pk, "statuses": list(statuses)}
             )
-            return [to_record(Fact, row) for row in rows.all()]
+            names = field_names(Fact)
+            return [Fact(**dict(zip(names, row, strict=True))) for row in rows.all()]
 
     async def get_fact(self, fact_id: int) -> tuple[Fact, User]:
         async with self._db.transaction() as session:

@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, func, or_, select
+from sqlalchemy import Row, Select, bindparam, func, or_, select
 
 from storage.db import Database
 from storage.models import Message, MessageEmbedding
@@ -28,6 +28,18 @@ def _select_turns() -> Select[Any]:
     """The columns of a turn, selected as they are: reads build records from plain rows,
     without the ORM's objects (about half the time of a window's read)."""
     return select(*(getattr(Message, name) for name in field_names(Turn)))
+
+
+# The reads of every turn, built once: building a statement costs more than SQLite
+# takes to run it.
+_WINDOW = (
+    _select_turns()
+    .where(Message.session_id == bindparam("session_id"), Message.seq > bindparam("after_seq"))
+    .order_by(Message.seq)
+)
+_BY_ID = _select_turns().where(
+    Message.user_pk == bindparam("user_pk"), Message.id.in_(bindparam("ids", expanding=True))
+)
 
 
 def _turn_rows(rows: Sequence[Row[Any]]) -> list[Turn]:
@@ -73,15 +85,10 @@ class MessageRepository:
     async def list_messages(
         self, session_id: str, *, limit: int | None = None, after_seq: int = 0
     ) -> list[Turn]:
-        query = (
-            _select_turns()
-            .where(Message.session_id == session_id, Message.seq > after_seq)
-            .order_by(Message.seq)
-        )
-        if limit is not None:
-            query = query.limit(limit)
+        query = _WINDOW if limit is None else _WINDOW.limit(limit)
+        params = {"session_id": session_id, "after_seq": after_seq}
         async with self._db.transaction() as session:
-            return _turn_rows((await session.execute(query)).all())
+            return _turn_rows((await session.execute(query, params)).all())
 
     async def list_last_messages(self, session_id: str, limit: int) -> list[Turn]:
         """The session's last `limit` messages, in order (a client's resent history is
@@ -102,9 +109,7 @@ class MessageRepository:
         if not ids:
             return []
         async with self._db.transaction() as session:
-            rows = await session.execute(
-                _select_turns().where(Message.user_pk == user_pk, Message.id.in_(list(ids)))
-            )
+            rows = await session.execute(_BY_ID, {"user_pk": user_pk, "ids": list(ids)})
             return _turn_rows(rows.all())
 
     async def list_user_messages(self, user_pk: int) -> list[Turn]:

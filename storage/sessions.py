@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, exists, func, select
+from sqlalchemy import BindParameter, Select, bindparam, delete, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import Database
@@ -48,6 +48,35 @@ class SessionState:
     has_own_knowledge: bool = False
 
 
+def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
+    """A session, its user, its current summary and the knowledge flags (read on every
+    turn: built once)."""
+    session_id: BindParameter[str] = bindparam("session_id")
+    latest = (
+        select(func.max(SessionSummary.version))
+        .where(SessionSummary.session_id == session_id)
+        .scalar_subquery()
+    )
+    shared = (
+        exists()
+        .where(KnowledgeDocument.user_pk.is_(None))
+        .where(KnowledgeDocument.tenant_id == UserRow.tenant_id)
+    )
+    own = exists().where(KnowledgeDocument.user_pk == UserRow.id)
+    return (
+        select(ChatSession, UserRow, SessionSummary, shared, own)
+        .join(UserRow, UserRow.id == ChatSession.user_pk)
+        .outerjoin(
+            SessionSummary,
+            (SessionSummary.session_id == ChatSession.id) & (SessionSummary.version == latest),
+        )
+        .where(ChatSession.id == session_id)
+    )
+
+
+_STATE = _state_query()
+
+
 class SessionRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -85,28 +114,8 @@ class SessionRepository:
         query."""
         if not is_uuid(session_id):
             raise NotFoundError("session", session_id)
-        latest = (
-            select(func.max(SessionSummary.version))
-            .where(SessionSummary.session_id == session_id)
-            .scalar_subquery()
-        )
-        shared = (
-            exists()
-            .where(KnowledgeDocument.user_pk.is_(None))
-            .where(KnowledgeDocument.tenant_id == UserRow.tenant_id)
-        )
-        own = exists().where(KnowledgeDocument.user_pk == UserRow.id)
-        query = (
-            select(ChatSession, UserRow, SessionSummary, shared, own)
-            .join(UserRow, UserRow.id == ChatSession.user_pk)
-            .outerjoin(
-                SessionSummary,
-                (SessionSummary.session_id == ChatSession.id) & (SessionSummary.version == latest),
-            )
-            .where(ChatSession.id == session_id)
-        )
         async with self._db.transaction() as session:
-            row = (await session.execute(query)).first()
+            row = (await session.execute(_STATE, {"session_id": session_id})).first()
             if row is None:
                 raise NotFoundError("session", session_id)
             chat, user, summary, has_shared, has_own = row
