@@ -99,6 +99,35 @@ async def test_the_vocabulary_is_embedded_once_and_query_words_it_holds_are_not(
     assert embed.embedded[2:] == [["cello"]]
 
 
+async def test_a_word_asked_again_finds_words_said_since_without_being_embedded_again() -> None:
+    embed = TableEmbedder()
+    found = neighbours(count=1)
+    assert await found.expand(1, "instrument", embed) == pytest.approx({"violin": 0.24})
+    # A word nearer to "instrument" than the violin arrives with a later turn.
+    TABLE["viola"] = unit(0.95, 0.3122, 0, 0)
+    try:
+        found.add(1, ["My viola"])
+        related = await found.expand(1, "instrument", embed)
+    finally:
+        del TABLE["viola"]
+    assert related == pytest.approx({"viola": 0.3 * 0.95}, abs=1e-5)
+    # The vocabulary, "instrument" once, then only the new word.
+    assert embed.embedded[1:] == [["instrument"], ["viola"]]
+    # The same nearest words as a fresh vocabulary of every turn, scanned in full.
+    fresh = WordNeighbours(NeighbourConfig(3, 0.5, 0.3))
+    fresh.add(1, [*TURNS, "My viola"])
+    TABLE["viola"] = unit(0.95, 0.3122, 0, 0)
+    try:
+        again = neighbours(count=3)
+        await again.expand(1, "instrument", embed)
+        again.add(1, ["My viola"])
+        assert await again.expand(1, "instrument", embed) == pytest.approx(
+            await fresh.expand(1, "instrument", embed)
+        )
+    finally:
+        del TABLE["viola"]
+
+
 async def test_scopes_are_apart_and_dropped_whole() -> None:
     embed = TableEmbedder()
     found = neighbours()

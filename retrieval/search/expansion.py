@@ -28,6 +28,8 @@ from retrieval.search.lexical import word_terms
 # Nearest words looked at beyond the wanted number: the asked word and its other forms
 # ("paint", "painting") are nearest and skipped.
 NUM_SPARE = 5
+# Query words whose nearest rows a scope keeps (the least recently asked go first).
+MAX_REMEMBERED_WORDS = 2048
 
 Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 
@@ -43,14 +45,46 @@ class NeighbourConfig:
         return self.num_neighbours > 0 and self.weight > 0
 
 
+@dataclass(slots=True)
+class _Nearest:
+    """A query word's nearest vocabulary rows among the first `upto` rows, best first:
+    a later query with the word only scans the rows embedded since."""
+
+    vector: np.ndarray
+    rows: list[int]
+    similarities: list[float]
+    upto: int
+
+
 @dataclass
 class _Vocabulary:
     terms: dict[str, str] = field(default_factory=dict)  # word -> index term
     rows: dict[str, int] = field(default_factory=dict)  # embedded word -> row of `matrix`
     words: list[str] = field(default_factory=list)  # embedded words, by row
-    matrix: np.ndarray | None = None
+    # The embedded words' vectors in the first `len(words)` rows; room to grow (doubled
+    # when full), so adding words copies the matrix only now and then.
+    buffer: np.ndarray | None = None
     pending: dict[str, None] = field(default_factory=dict)  # words still to embed
+    # Query words seen lately (oldest first) and their nearest rows.
+    nearest: dict[str, _Nearest] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def matrix(self) -> np.ndarray | None:
+        return None if self.buffer is None or not self.words else self.buffer[: len(self.words)]
+
+    def append(self, words: Sequence[str], vectors: np.ndarray) -> None:
+        size = len(self.words)
+        need = size + len(words)
+        if self.buffer is None or need > len(self.buffer):
+            grown = np.empty((max(need, 2 * size, 1024), vectors.shape[1]), dtype=np.float32)
+            if self.buffer is not None:
+                grown[:size] = self.buffer[:size]
+            self.buffer = grown
+        self.buffer[size:need] = vectors
+        for word in words:
+            self.rows[word] = len(self.words)
+            self.words.append(word)
 
 
 class WordNeighbours:
@@ -101,10 +135,7 @@ class WordNeighbours:
         terms = [str(t) for t in arrays["terms"].tolist()]
         matrix = np.asarray(arrays["matrix"], dtype=np.float32)
         vocabulary.terms = dict(zip(words, terms, strict=True))
-        embedded = words[: len(matrix)]
-        vocabulary.words = embedded
-        vocabulary.rows = {word: row for row, word in enumerate(embedded)}
-        vocabulary.matrix = matrix if len(matrix) else None
+        vocabulary.append(words[: len(matrix)], matrix)
         vocabulary.pending = dict.fromkeys(words[len(matrix) :])
         self._scopes[scope] = vocabulary
 
@@ -124,56 +155,99 @@ class WordNeighbours:
         asked = word_terms(query)
         if not self._config.is_enabled or vocabulary is None or not asked:
             return {}
-        await self._embed_pending(vocabulary, embed)
+        await self.embed_pending(scope, embed)
         if vocabulary.matrix is None:
             return {}
-        query_vectors = await self._word_vectors(vocabulary, list(asked), embed)
-        similarities = query_vectors @ vocabulary.matrix.T
         asked_terms = set(asked.values())
         expansion: dict[str, float] = {}
-        for row in similarities:
+        for nearest in await self._nearest_of(vocabulary, list(asked), embed):
             related: dict[str, float] = {}
-            for position in self._nearest(row):
-                term = vocabulary.terms[vocabulary.words[position]]
+            for row, similarity in zip(nearest.rows, nearest.similarities, strict=True):
+                if similarity < self._config.min_similarity:
+                    break
+                term = vocabulary.terms[vocabulary.words[row]]
                 if term not in asked_terms and term not in related:
-                    related[term] = self._config.weight * float(row[position])
+                    related[term] = self._config.weight * similarity
                 if len(related) == self._config.num_neighbours:
                     break
             for term, weight in related.items():
                 expansion[term] = max(expansion.get(term, 0.0), weight)
         return expansion
 
-    def _nearest(self, similarities: np.ndarray) -> list[int]:
-        """Rows of the nearest words at or above the threshold, best first (ties: the
-        earlier row); a few more than wanted, as forms of the asked word come first."""
-        wanted = min(self._config.num_neighbours + NUM_SPARE, len(similarities))
-        top = np.argpartition(-similarities, wanted - 1)[:wanted]
-        top = top[np.lexsort((top, -similarities[top]))]
-        return [int(i) for i in top if similarities[i] >= self._config.min_similarity]
-
-    @staticmethod
-    async def _embed_pending(vocabulary: _Vocabulary, embed: Embed) -> None:
+    async def embed_pending(self, scope: int, embed: Embed) -> None:
+        """Embed the scope's words not embedded yet (done as turns are indexed, so that
+        a search seldom has any left to do)."""
+        vocabulary = self._scopes.get(scope)
+        if vocabulary is None or not self._config.is_enabled:
+            return
         async with vocabulary.lock:
             if not vocabulary.pending:
                 return
             words = list(vocabulary.pending)
             vectors = np.asarray(await embed(words), dtype=np.float32)
-            for word in words:
-                vocabulary.rows[word] = len(vocabulary.words)
-                vocabulary.words.append(word)
-            vocabulary.matrix = (
-                vectors if vocabulary.matrix is None else np.vstack([vocabulary.matrix, vectors])
-            )
+            vocabulary.append(words, vectors)
             for word in words:
                 vocabulary.pending.pop(word, None)
+
+    async def _nearest_of(
+        self, vocabulary: _Vocabulary, words: list[str], embed: Embed
+    ) -> list[_Nearest]:
+        """Each word's nearest rows of the whole vocabulary (the most wanted, best first;
+        ties: the earlier row): from the word's last query, with only the rows embedded
+        since scanned, else scanned in full, the words new to it scanned together."""
+        matrix = vocabulary.matrix
+        assert matrix is not None
+        size = len(vocabulary.words)
+        wanted = self._config.num_neighbours + NUM_SPARE
+        known = vocabulary.nearest
+        new = [word for word in words if word not in known]
+        if new:
+            vectors = await self._word_vectors(vocabulary, new, embed)
+            for word, vector, row in zip(new, vectors, vectors @ matrix.T, strict=True):
+                found, similarities = _top(row, wanted, 0)
+                known[word] = _Nearest(vector, found, similarities, size)
+        result = []
+        for word in words:
+            nearest = known.pop(word)
+            known[word] = nearest  # now the most recent
+            if nearest.upto < size:
+                row = matrix[nearest.upto :] @ nearest.vector
+                found, similarities = _top(row, wanted, nearest.upto)
+                merged = sorted(
+                    zip(
+                        [*nearest.similarities, *similarities],
+                        [*nearest.rows, *found],
+                        strict=True,
+                    ),
+                    key=lambda pair: (-pair[0], pair[1]),
+                )[:wanted]
+                nearest.similarities = [similarity for similarity, _ in merged]
+                nearest.rows = [row for _, row in merged]
+                nearest.upto = size
+            result.append(nearest)
+        while len(known) > MAX_REMEMBERED_WORDS:
+            known.pop(next(iter(known)))
+        return result
 
     @staticmethod
     async def _word_vectors(vocabulary: _Vocabulary, words: list[str], embed: Embed) -> np.ndarray:
         """Vectors of the query's words: rows of the vocabulary where it has them."""
-        assert vocabulary.matrix is not None
+        matrix = vocabulary.matrix
+        assert matrix is not None
         rows = vocabulary.rows
         unknown = [word for word in words if word not in rows]
         fresh = dict(zip(unknown, await embed(unknown), strict=True)) if unknown else {}
-        return np.stack(
-            [vocabulary.matrix[rows[w]] if w in rows else fresh[w] for w in words]
-        ).astype(np.float32)
+        return np.stack([matrix[rows[w]] if w in rows else fresh[w] for w in words]).astype(
+            np.float32
+        )
+
+
+def _top(similarities: np.ndarray, wanted: int, offset: int) -> tuple[list[int], list[float]]:
+    """The rows (numbered from `offset`) of the `wanted` highest similarities and those,
+    best first (ties: the earlier row)."""
+    wanted = min(wanted, len(similarities))
+    if wanted <= 0:
+        return [], []
+    top = np.argpartition(-similarities, wanted - 1)[:wanted]
+    top = top[np.lexsort((top, -similarities[top]))]
+    return (top + offset).tolist(), similarities[top].astype(float).tolist()

@@ -478,6 +478,8 @@ class TurnMemory:
             await self._add_stored(user_pk, [s for s in stored if s.user_pk == user_pk])
             if self._needs_texts:
                 self._add_texts(user_pk, [t for t in turns if t.user_pk == user_pk], ordered)
+                # Their new words now, rather than in the user's next search.
+                await self._neighbours.embed_pending(user_pk, self.embed)
             new = versions.get(user_pk)
             if new is not None and self._versions.get(user_pk) == new - 1:
                 # Only this write happened since the scope was current: it still is.

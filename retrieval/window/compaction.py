@@ -70,7 +70,7 @@ def plan_compaction(
     def over(turns: Sequence[Turn]) -> bool:
         return len(turns) > max_after or tokens(turns) > policy.low_water_tokens
 
-    newly = _small_talk_to_prune(live, policy, over, pruned)
+    newly = _small_talk_to_prune(live, policy, max_after, message_tokens)
     pruned.update(t.seq for t in newly)
     live = [t for t in live if t.seq not in pruned]
     if not over(live):
@@ -93,15 +93,19 @@ def _messages_after(num_live: int, policy: WindowPolicy) -> int:
 def _small_talk_to_prune(
     live: Sequence[Turn],
     policy: WindowPolicy,
-    over: Callable[[Sequence[Turn]], bool],
-    pruned: set[int],
+    max_after: int,
+    message_tokens: Callable[[int], int],
 ) -> list[Turn]:
-    """Small talk, oldest first, while what is left is `over` (the newest messages stay)."""
-    taken = set(pruned)
+    """Small talk, oldest first, while what is left is over the low-water marks (more
+    than `max_after` messages or `policy.low_water_tokens` tokens; the newest messages
+    stay)."""
+    taken: set[int] = set()
     newly: list[Turn] = []
+    count = len(live)
+    tokens = sum(message_tokens(t.prompt_tokens) for t in live)
     prunable = live[: max(0, len(live) - policy.keep_last)]
     for position, turn in enumerate(prunable):
-        if not over([t for t in live if t.seq not in taken]):
+        if count <= max_after and tokens <= policy.low_water_tokens:
             break
         if turn.seq in taken or not is_small_talk(turn.content):
             continue
@@ -117,6 +121,8 @@ def _small_talk_to_prune(
             exchange.append(following)
         taken.update(t.seq for t in exchange)
         newly.extend(exchange)
+        count -= len(exchange)
+        tokens -= sum(message_tokens(t.prompt_tokens) for t in exchange)
     return newly
 
 

@@ -5,6 +5,7 @@ extractive summaries; anything that asks for or carries substance is not small t
 
 from __future__ import annotations
 
+import functools
 import re
 
 # A whole message that is only a greeting, thanks, farewell or acknowledgement.
@@ -40,8 +41,10 @@ _SUBSTANCE = re.compile(
 MAX_SMALL_TALK_CHARS = 160
 
 
+@functools.lru_cache(maxsize=16_384)
 def is_small_talk(text: str) -> bool:
-    """True for a short message that only greets, thanks, acknowledges or chats socially."""
+    """True for a short message that only greets, thanks, acknowledges or chats socially
+    (cached: a window's turns are looked at again on every turn of the session)."""
     stripped = text.strip()
     if not stripped or len(stripped) > MAX_SMALL_TALK_CHARS:
         return False
