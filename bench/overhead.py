@@ -6,7 +6,9 @@ turns, cycled across sessions, imported in process in batches of 1,000 messages,
 batch per session) on the real default stack (all-MiniLM-L6-v2, FAISS, SQLite,
 SmolLM2's tokenizer), then times `preview_context` (embed the new message, search the
 user's past turns, load the recent window and the retrieved rows, assemble the prompt)
-for LoCoMo questions. Prints, per size: the import rate, p50/p95 of the whole, of the
+for LoCoMo questions, as the next turn of a session, both of a steady turn and of one
+that compacts the window (one in ten; see `measure`), and reports the mix a user's turns
+are. Prints, per size: the import rate, p50/p95 of the whole, of the
 query's embedding and of everything but the embedding (search, SQL reads, window,
 assembly), the search alone, the agreement of the turn search with exact search (the
 share of exact search's top 10 that the service's search returns, over the same
@@ -132,32 +134,52 @@ def stats(values_s: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(ms), "p95": percentile(ms, 0.95), "mean": statistics.fmean(ms)}
 
 
-async def measure(
-    runtime: Runtime, session_id: str, questions: list[str], num_queries: int
-) -> dict[str, dict[str, float]]:
+async def timed_previews(
+    runtime: Runtime, session_id: str, questions: list[str]
+) -> dict[str, list[float]]:
+    """Seconds of each preview, whole and by stage, after ten untimed ones."""
     params = SamplingParams(max_tokens=256)
-    user = (await runtime.repositories.sessions.get_session(session_id))[1]
-    # One real turn first: a session's first turn after a large import compacts its window
-    # (stored once); previews, which store nothing, would otherwise redo it every time.
-    await runtime.turns.complete(
-        session_id, questions[0], SamplingParams(max_tokens=1), tenant_id=DEFAULT_TENANT_ID
-    )
     for question in questions[:10]:  # warm-up
         await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
-    whole, embed, rest, search, pinned = [], [], [], [], []
-    in_search, assembling, reading = [], [], []
-    for question in questions[:num_queries]:
+    times: dict[str, list[float]] = {
+        key: [] for key in ("whole", "embed", "rest", "read", "turn_search", "assemble")
+    }
+    for question in questions:
         clock = StageClock()
         t0 = time.perf_counter()
         await runtime.previews.preview(
             session_id, question, params, tenant_id=DEFAULT_TENANT_ID, clock=clock
         )
-        whole.append(time.perf_counter() - t0)
-        embed.append(clock.seconds("embed"))
-        rest.append(whole[-1] - embed[-1])
-        in_search.append(clock.seconds("search"))
-        assembling.append(clock.seconds("context") - clock.seconds("search"))
-        reading.append(rest[-1] - clock.seconds("context"))
+        whole = time.perf_counter() - t0
+        times["whole"].append(whole)
+        times["embed"].append(clock.seconds("embed"))
+        times["rest"].append(whole - clock.seconds("embed"))
+        times["turn_search"].append(clock.seconds("search"))
+        times["assemble"].append(clock.seconds("context") - clock.seconds("search"))
+        times["read"].append(times["rest"][-1] - clock.seconds("context"))
+    return times
+
+
+async def measure(
+    runtime: Runtime, session_id: str, questions: list[str], num_queries: int
+) -> dict[str, dict[str, float]]:
+    """Previews of the session's next turn, of both kinds a session has: with the default
+    window (at most 100 messages, 20 leaving at a time), one turn in ten finds the window
+    over 100 messages and compacts it (the extractive summary grows, the system message
+    changes), the nine others do not. The first real turn after a large import compacts
+    it to its last 100 messages and adds two: previews then are of a compacting turn;
+    after one more real turn (down to 82, plus two), of a steady one. A user's turns are
+    the mix, nine steady to one compacting."""
+    asked = questions[:num_queries]
+    user = (await runtime.repositories.sessions.get_session(session_id))[1]
+    one_token = SamplingParams(max_tokens=1)
+    await runtime.turns.complete(session_id, questions[0], one_token, tenant_id=DEFAULT_TENANT_ID)
+    compacting = await timed_previews(runtime, session_id, asked)
+    await runtime.turns.complete(session_id, questions[1], one_token, tenant_id=DEFAULT_TENANT_ID)
+    steady = await timed_previews(runtime, session_id, asked)
+    mixed = {key: steady[key] * 9 + compacting[key] for key in steady}
+    search, pinned = [], []
+    for question in asked:
         # The search and the pinned facts again, alone, for the breakdown.
         vector = (await runtime.memory.embed_queries([question]))[0]
         t1 = time.perf_counter()
@@ -166,27 +188,33 @@ async def measure(
         await runtime.facts.pinned(user.id)
         search.append(t2 - t1)
         pinned.append(time.perf_counter() - t2)
-    print(summary("embed + search + assemble", whole))
-    print(summary("  embed (1 query)", embed))
-    print(summary("  all but the embedding", rest))
-    print(summary("    session and window read", reading))
-    print(summary("    search, turn rows read", in_search))
-    print(summary("    assembly (facts, budget)", assembling))
+    print(summary("turns (9 steady : 1 compacting)", mixed["whole"]))
+    print(summary("  embed (1 query)", mixed["embed"]))
+    print(summary("  all but the embedding", mixed["rest"]))
+    print(summary("steady turn, all but embedding", steady["rest"]))
+    print(summary("    session and window read", steady["read"]))
+    print(summary("    search, turn rows read", steady["turn_search"]))
+    print(summary("    assembly (facts, budget)", steady["assemble"]))
+    print(summary("compacting turn, all but emb.", compacting["rest"]))
+    print(summary("    assembly and compaction", compacting["assemble"]))
     print(summary("  search alone (k=5)", search))
     print(summary("  pinned facts read alone", pinned))
     figures = {
-        "whole": stats(whole),
-        "embed": stats(embed),
-        "rest": stats(rest),
+        "whole": stats(mixed["whole"]),
+        "embed": stats(mixed["embed"]),
+        "rest": stats(mixed["rest"]),
+        "rest_steady": stats(steady["rest"]),
+        "rest_compacting": stats(compacting["rest"]),
         "search": stats(search),
-        "read": stats(reading),
-        "turn_search": stats(in_search),
-        "assemble": stats(assembling),
+        "read": stats(steady["read"]),
+        "turn_search": stats(steady["turn_search"]),
+        "assemble": stats(steady["assemble"]),
+        "assemble_compacting": stats(compacting["assemble"]),
     }
     if runtime.knowledge is not None:
         # Vectors first: timed right after an embedding, a search also pays for the ONNX
         # Runtime threads still spinning on the two cores.
-        vectors = await runtime.memory.embed(questions[:num_queries])
+        vectors = await runtime.memory.embed(asked)
         knowledge = []
         for vector in vectors:
             t0 = time.perf_counter()

@@ -3,6 +3,7 @@ model: the sentences that carry facts, verbatim with date and speaker) or the en
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -91,7 +92,10 @@ class ExtractiveSummarizer:
         return [line for i, line in enumerate(lines) if i not in dropped]
 
 
+@functools.lru_cache(maxsize=16_384)
 def _line_salience(line: str) -> int:
+    """The salience of a summary line (cached: a summary's lines are ranked again at each
+    compaction)."""
     match = SUMMARY_LINE.match(line)
     if match is None:
         return 0
