@@ -76,7 +76,13 @@ async def test_searches_embed_queries_and_stored_texts_apart(
     fact = await client.post("/v1/users/alice/facts", json={"text": "Lives in Berlin"})
     assert fact.status_code == 201, fact.text
     assert two_doors.queries == []
-    assert two_doors.passages == ["user: I am allergic to peanuts", "Lives in Berlin"]
+    # The turn as its recipe renders it, then its words (for related words), the fact.
+    assert two_doors.passages == [
+        "user: I am allergic to peanuts",
+        "allergic",
+        "peanuts",
+        "Lives in Berlin",
+    ]
 
     search = await client.post(
         "/v1/memory/search",
@@ -114,3 +120,27 @@ async def test_an_embedder_without_query_vectors_embeds_a_turn_in_one_call(
     np.testing.assert_array_equal(query_vector, embedder.embed_now(["green boat"])[0])
     own = embedder.embed_now(["user: green boat on the lake"])[0]
     np.testing.assert_allclose(own_vector, own, atol=1e-6)
+
+
+async def test_a_querys_new_words_are_embedded_with_it_and_its_search_embeds_nothing(
+    repos,  # noqa: F811  (fixture)
+    tmp_path: Path,
+) -> None:
+    embedder = HashEmbedder()
+    memory: TurnMemory = memory_for(repos, tmp_path / "index", embedder)
+    user_pk, ids = await add_turns(repos, memory, ["green boat on the lake", "red car"])
+    await memory.ensure_scope(user_pk)
+    expected = embedder.embed_now(["green yacht harbour"])[0]
+    calls = embedder.num_calls
+    # "green" is the user's own word; "yacht" and "harbour" are new to them.
+    vector = await memory.embed_query(user_pk, "green yacht harbour")
+    found = await memory.search(user_pk, vector, 2, query="green yacht harbour")
+    assert embedder.num_calls == calls + 1
+    np.testing.assert_array_equal(vector, expected)
+    assert [hit.id for hit in found] == [ids[0], ids[1]]
+    # A query embedded without its words: its search embeds them itself, and finds the same.
+    plain = (await memory.embed_queries(["blue yacht harbour"]))[0]
+    before = embedder.num_calls
+    again = await memory.search(user_pk, plain, 2, query="blue yacht harbour")
+    assert embedder.num_calls == before + 1
+    assert len(again) == 2

@@ -42,7 +42,7 @@ class ContextPreview:
         state = await session_of_tenant(self._sessions, session_id, tenant_id)
         view = await self._windows.load(state.summary)
         with clock.stage("embed"):
-            vector = (await self._memory.embed_queries([content]))[0]
+            vector = await self._memory.embed_query(state.user.id, content)
         with clock.stage("context"):
             built = await self._builder.build(
                 state, view, vector, content, content_tokens, params, clock

@@ -43,7 +43,7 @@ class MemorySearch:
     ) -> list[Hit]:
         """The kinds asked for (`turn`, `fact`, `knowledge`), merged by score."""
         check_text(query, "query", self._max_query_chars)
-        vector = (await self._memory.embed_queries([query]))[0]
+        vector = await self._memory.embed_query(user.id, query)
         found: list[Hit] = []
         if "turn" in kinds:
             found += await self._turns(user, query, vector, k, session_id)

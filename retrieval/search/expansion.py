@@ -67,6 +67,8 @@ class _Vocabulary:
     pending: dict[str, None] = field(default_factory=dict)  # words still to embed
     # Query words seen lately (oldest first) and their nearest rows.
     nearest: dict[str, _Nearest] = field(default_factory=dict)
+    # Vectors of query words made with their query's vector, for its search to take.
+    given: dict[str, np.ndarray] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -174,6 +176,26 @@ class WordNeighbours:
                 expansion[term] = max(expansion.get(term, 0.0), weight)
         return expansion
 
+    def words_to_embed(self, scope: int, query: str) -> list[str]:
+        """The query's words that its search would embed (neither the user's own words
+        nor asked lately): a caller embedding the query may embed them in the same call
+        and hand their vectors over (`give_vectors`)."""
+        vocabulary = self._scopes.get(scope)
+        if not self._config.is_enabled or vocabulary is None:
+            return []
+        known = (vocabulary.rows, vocabulary.nearest, vocabulary.given)
+        return [word for word in word_terms(query) if not any(word in held for held in known)]
+
+    def give_vectors(self, scope: int, words: Sequence[str], vectors: np.ndarray) -> None:
+        """Vectors of query words (from `words_to_embed`), for the query's search."""
+        vocabulary = self._scopes.get(scope)
+        if vocabulary is None:
+            return
+        for word, vector in zip(words, np.asarray(vectors, dtype=np.float32), strict=True):
+            vocabulary.given[word] = vector
+        while len(vocabulary.given) > MAX_REMEMBERED_WORDS:
+            vocabulary.given.pop(next(iter(vocabulary.given)))
+
     async def embed_pending(self, scope: int, embed: Embed) -> None:
         """Embed the scope's words not embedded yet (done as turns are indexed, so that
         a search seldom has any left to do)."""
@@ -206,6 +228,7 @@ class WordNeighbours:
             for word, vector, row in zip(new, vectors, vectors @ matrix.T, strict=True):
                 found, similarities = _top(row, wanted, 0)
                 known[word] = _Nearest(vector, found, similarities, size)
+                vocabulary.given.pop(word, None)
         result = []
         for word in words:
             nearest = known.pop(word)
@@ -235,11 +258,12 @@ class WordNeighbours:
         matrix = vocabulary.matrix
         assert matrix is not None
         rows = vocabulary.rows
-        unknown = [word for word in words if word not in rows]
+        given = vocabulary.given
+        unknown = [word for word in words if word not in rows and word not in given]
         fresh = dict(zip(unknown, await embed(unknown), strict=True)) if unknown else {}
-        return np.stack([matrix[rows[w]] if w in rows else fresh[w] for w in words]).astype(
-            np.float32
-        )
+        return np.stack(
+            [matrix[rows[w]] if w in rows else given[w] if w in given else fresh[w] for w in words]
+        ).astype(np.float32)
 
 
 def _top(similarities: np.ndarray, wanted: int, offset: int) -> tuple[list[int], list[float]]:

@@ -210,22 +210,38 @@ class TurnMemory:
             return await self._embedder.embed_queries(list(texts))
         return await self._embedder.embed(list(texts))
 
+    async def embed_query(self, user_pk: int, query: str) -> np.ndarray:
+        """A search query's vector, with the vectors of the query's words that the user's
+        search would otherwise embed (related words) made in the same call, so that the
+        search itself embeds nothing."""
+        words = self._neighbours.words_to_embed(user_pk, query)
+        if isinstance(self._embedder, QueryEmbedder):
+            vector = (await self.embed_queries([query]))[0]
+            if words:
+                self._neighbours.give_vectors(user_pk, words, await self.embed(words))
+            return vector
+        vectors = await self.embed([query, *words])
+        self._neighbours.give_vectors(user_pk, words, vectors[1:])
+        return vectors[0]
+
     async def embed_turn(
         self, query: str | None, turn: Turn, earlier: Sequence[Turn]
     ) -> tuple[np.ndarray | None, np.ndarray]:
         """The query's vector (None without a query) and the vector `turn` will be indexed
         with (its dense pieces, `earlier` their context); in one call of the embedder
-        unless it embeds queries its own way."""
+        (with the query's words, as `embed_query`) unless it embeds queries its own way."""
         pieces = dense_texts(self._config.dense_text, in_session_order([turn], earlier))
         own = pieces[[t.id for t in in_session_order([turn], earlier)].index(turn.id)]
         if query is not None and isinstance(self._embedder, QueryEmbedder):
-            query_vector = (await self.embed_queries([query]))[0]
-            return query_vector, mean_of_pieces(await self.embed(own), [len(own)])[0]
-        texts = [*([query] if query is not None else []), *own]
+            asked = await self.embed_query(turn.user_pk, query)
+            return asked, mean_of_pieces(await self.embed(own), [len(own)])[0]
+        words = self._neighbours.words_to_embed(turn.user_pk, query) if query is not None else []
+        texts = [*([query] if query is not None else []), *words, *own]
         vectors = await self.embed(texts)
         query_vector = vectors[0] if query is not None else None
-        turn_vectors = vectors[1:] if query is not None else vectors
-        return query_vector, mean_of_pieces(turn_vectors, [len(own)])[0]
+        skip = (1 if query is not None else 0) + len(words)
+        self._neighbours.give_vectors(turn.user_pk, words, vectors[skip - len(words) : skip])
+        return query_vector, mean_of_pieces(vectors[skip:], [len(own)])[0]
 
     async def num_vectors(self) -> int:
         """Vectors in the open scopes of the turn index."""
