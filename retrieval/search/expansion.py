@@ -10,8 +10,10 @@ the words, and a related word never outweighs the asked one.
 
 Only the user's own words are candidates, so nothing unrelated to their history can be
 added, and the vocabulary is derived state like the indexes: collected from the turns
-as they are indexed, embedded lazily (the first search of a user after a start embeds
-their vocabulary, once; later searches embed only new words), dropped with the user.
+as they are indexed and embedded then (a vocabulary read from SQL rather than from its
+snapshot is embedded at the user's first search), dropped with the user. A query's
+words are embedded with the query itself (`words_to_embed`), and each asked word keeps
+its nearest rows: asked again, only the words added since are compared with it.
 CJK text is left to the character n-grams of the lexical index.
 """
 
