@@ -19,6 +19,7 @@ from app.factory import create_app
 from app.settings import FactSettings, Settings
 from retrieval.protocols import QueryEmbedder
 from retrieval.search.memory import TurnMemory
+from storage.repositories import Repositories
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_turn_memory import add_turns, memory_for, repos  # noqa: F401  (fixture)
@@ -104,13 +105,21 @@ async def test_searches_embed_queries_and_stored_texts_apart(
     assert "what am I allergic to?" not in two_doors.passages
 
 
+async def boat_memory(
+    stores: Repositories, tmp_path: Path
+) -> tuple[HashEmbedder, TurnMemory, int, list[int]]:
+    """A turn memory of two turns of one user, over a counting embedder."""
+    embedder = HashEmbedder()
+    memory = memory_for(stores, tmp_path / "index", embedder)
+    user_pk, ids = await add_turns(stores, memory, ["green boat on the lake", "red car"])
+    return embedder, memory, user_pk, ids
+
+
 async def test_an_embedder_without_query_vectors_embeds_a_turn_in_one_call(
     repos,  # noqa: F811  (fixture)
     tmp_path: Path,
 ) -> None:
-    embedder = HashEmbedder()
-    memory: TurnMemory = memory_for(repos, tmp_path / "index", embedder)
-    user_pk, ids = await add_turns(repos, memory, ["green boat on the lake", "red car"])
+    embedder, memory, user_pk, ids = await boat_memory(repos, tmp_path)
     [turn] = await repos.messages.list_messages_by_id(user_pk, {ids[0]})
     calls = embedder.num_calls
     query_vector, own_vector = await memory.embed_turn("green boat", turn, [])
@@ -126,9 +135,7 @@ async def test_a_querys_new_words_are_embedded_with_it_and_its_search_embeds_not
     repos,  # noqa: F811  (fixture)
     tmp_path: Path,
 ) -> None:
-    embedder = HashEmbedder()
-    memory: TurnMemory = memory_for(repos, tmp_path / "index", embedder)
-    user_pk, ids = await add_turns(repos, memory, ["green boat on the lake", "red car"])
+    embedder, memory, user_pk, ids = await boat_memory(repos, tmp_path)
     await memory.ensure_scope(user_pk)
     expected = embedder.embed_now(["green yacht harbour"])[0]
     calls = embedder.num_calls
