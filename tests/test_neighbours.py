@@ -119,11 +119,15 @@ async def test_a_word_asked_again_finds_words_said_since_without_being_embedded_
     TABLE["viola"] = unit(0.95, 0.3122, 0, 0)
     try:
         again = neighbours(count=3)
-        await again.expand(1, "instrument", embed)
+        # "instrument" is a new word to the user, "violin" one of theirs.
+        for query in ("instrument", "violin"):
+            await again.expand(1, query, embed)
         again.add(1, ["My viola"])
-        assert await again.expand(1, "instrument", embed) == pytest.approx(
-            await fresh.expand(1, "instrument", embed)
-        )
+        for query in ("instrument", "violin"):
+            assert await again.expand(1, query, embed) == pytest.approx(
+                await fresh.expand(1, query, embed)
+            )
+        assert "viola" in await again.expand(1, "violin", embed)
     finally:
         del TABLE["viola"]
 

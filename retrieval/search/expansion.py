@@ -31,7 +31,7 @@ from retrieval.search.lexical import word_terms
 # ("paint", "painting") are nearest and skipped.
 NUM_SPARE = 5
 # Query words whose nearest rows a scope keeps (the least recently asked go first).
-MAX_REMEMBERED_WORDS = 2048
+MAX_REMEMBERED_WORDS = 512
 
 Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 
@@ -52,7 +52,8 @@ class _Nearest:
     """A query word's nearest vocabulary rows among the first `upto` rows, best first:
     a later query with the word only scans the rows embedded since."""
 
-    vector: np.ndarray
+    # The word's vector if the user never said it (else it is the vocabulary's row).
+    vector: np.ndarray | None
     rows: list[int]
     similarities: list[float]
     upto: int
@@ -229,14 +230,16 @@ class WordNeighbours:
             vectors = await self._word_vectors(vocabulary, new, embed)
             for word, vector, row in zip(new, vectors, vectors @ matrix.T, strict=True):
                 found, similarities = _top(row, wanted, 0)
-                known[word] = _Nearest(vector, found, similarities, size)
+                own = word in vocabulary.rows
+                known[word] = _Nearest(None if own else vector, found, similarities, size)
                 vocabulary.given.pop(word, None)
         result = []
         for word in words:
             nearest = known.pop(word)
             known[word] = nearest  # now the most recent
             if nearest.upto < size:
-                row = matrix[nearest.upto :] @ nearest.vector
+                vector = matrix[vocabulary.rows[word]] if nearest.vector is None else nearest.vector
+                row = matrix[nearest.upto :] @ vector
                 found, similarities = _top(row, wanted, nearest.upto)
                 merged = sorted(
                     zip(

@@ -41,13 +41,18 @@ _SUBSTANCE = re.compile(
 MAX_SMALL_TALK_CHARS = 160
 
 
-@functools.lru_cache(maxsize=16_384)
 def is_small_talk(text: str) -> bool:
-    """True for a short message that only greets, thanks, acknowledges or chats socially
-    (cached: a window's turns are looked at again on every turn of the session)."""
+    """True for a short message that only greets, thanks, acknowledges or chats socially."""
     stripped = text.strip()
     if not stripped or len(stripped) > MAX_SMALL_TALK_CHARS:
         return False
+    return _is_short_small_talk(stripped)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _is_short_small_talk(stripped: str) -> bool:
+    """Cached (a window's turns are looked at again on every turn of the session); only
+    short texts reach it, so the cache stays small."""
     if _PHATIC.match(stripped):
         return True
     return bool(_SOCIAL.search(stripped)) and not _SUBSTANCE.search(stripped)
