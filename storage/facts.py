@@ -24,7 +24,7 @@ from storage.models import Fact as FactRow
 from storage.models import FactChange as FactChangeRow
 from storage.models import Message, utc_now
 from storage.models import User as UserRow
-from storage.records import Fact, FactChange, User, field_names, to_record
+from storage.records import Fact, FactChange, User, record_columns, records_of, to_record
 from storage.users import is_row_id
 
 STATUSES = ("active", "superseded", "deleted")
@@ -81,7 +81,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 # A user's facts as plain rows (read on every turn): the columns as they are, without the
 # ORM's objects, in a statement built once.
 _USER_FACTS = (
-    select(*(getattr(FactRow, name) for name in field_names(Fact)))
+    select(*record_columns(Fact, FactRow))
     .where(
         FactRow.user_pk == bindparam("user_pk"),
         FactRow.status.in_(bindparam("statuses", expanding=True)),
@@ -99,8 +99,7 @@ class FactRepository:
             rows = await session.execute(
                 _USER_FACTS, {"user_pk": user_pk, "statuses": list(statuses)}
             )
-            names = field_names(Fact)
-            return [Fact(**dict(zip(names, row, strict=True))) for row in rows.all()]
+            return records_of(Fact, rows.all())
 
     async def get_fact(self, fact_id: int) -> tuple[Fact, User]:
         async with self._db.transaction() as session:

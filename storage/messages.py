@@ -6,11 +6,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, bindparam, func, or_, select
+from sqlalchemy import Select, bindparam, func, or_, select
 
 from storage.db import Database
 from storage.models import Message, MessageEmbedding
-from storage.records import NewTurn, Session, Turn, field_names, to_record
+from storage.records import NewTurn, Session, Turn, record_columns, records_of, to_record
 from storage.sessions import known_external_ids, message_row
 
 
@@ -27,7 +27,7 @@ def _turns(rows: Sequence[Message]) -> list[Turn]:
 def _select_turns() -> Select[Any]:
     """The columns of a turn, selected as they are: reads build records from plain rows,
     without the ORM's objects (about half the time of a window's read)."""
-    return select(*(getattr(Message, name) for name in field_names(Turn)))
+    return select(*record_columns(Turn, Message))
 
 
 # The reads of every turn, built once: building a statement costs more than SQLite
@@ -40,11 +40,6 @@ _WINDOW = (
 _BY_ID = _select_turns().where(
     Message.user_pk == bindparam("user_pk"), Message.id.in_(bindparam("ids", expanding=True))
 )
-
-
-def _turn_rows(rows: Sequence[Row[Any]]) -> list[Turn]:
-    names = field_names(Turn)
-    return [Turn(**dict(zip(names, row, strict=True))) for row in rows]
 
 
 class MessageRepository:
@@ -88,7 +83,7 @@ class MessageRepository:
         query = _WINDOW if limit is None else _WINDOW.limit(limit)
         params = {"session_id": session_id, "after_seq": after_seq}
         async with self._db.transaction() as session:
-            return _turn_rows((await session.execute(query, params)).all())
+            return records_of(Turn, (await session.execute(query, params)).all())
 
     async def list_last_messages(self, session_id: str, limit: int) -> list[Turn]:
         """The session's last `limit` messages, in order (a client's resent history is
@@ -102,7 +97,7 @@ class MessageRepository:
             .limit(limit)
         )
         async with self._db.transaction() as session:
-            return _turn_rows((await session.execute(query)).all())[::-1]
+            return records_of(Turn, (await session.execute(query)).all())[::-1]
 
     async def list_messages_by_id(self, user_pk: int, ids: Collection[int]) -> list[Turn]:
         """Messages of one user by id (order not kept; ids of other users are ignored)."""
@@ -110,7 +105,7 @@ class MessageRepository:
             return []
         async with self._db.transaction() as session:
             rows = await session.execute(_BY_ID, {"user_pk": user_pk, "ids": list(ids)})
-            return _turn_rows(rows.all())
+            return records_of(Turn, rows.all())
 
     async def list_user_messages(self, user_pk: int) -> list[Turn]:
         """Every message of a user, each session's in order (to build derived indexes)."""
@@ -120,7 +115,7 @@ class MessageRepository:
                 .where(Message.user_pk == user_pk)
                 .order_by(Message.session_id, Message.seq)
             )
-            return _turn_rows(rows.all())
+            return records_of(Turn, rows.all())
 
     async def list_messages_by_seq(self, keys: Collection[tuple[str, int]]) -> list[Turn]:
         """Messages by (session id, seq), in one query; keys that match nothing are ignored."""
@@ -139,7 +134,7 @@ class MessageRepository:
             rows = await session.execute(
                 _select_turns().where(condition).order_by(Message.session_id, Message.seq)
             )
-            return _turn_rows(rows.all())
+            return records_of(Turn, rows.all())
 
     async def list_unembedded_messages(self, limit: int) -> list[Turn]:
         """Messages stored without a vector (a crash between the two writes)."""
@@ -151,7 +146,7 @@ class MessageRepository:
                 .order_by(Message.id)
                 .limit(limit)
             )
-            return _turn_rows(rows.all())
+            return records_of(Turn, rows.all())
 
     async def list_messages_after_id(
         self, after_id: int, limit: int, *, user_pk: int | None = None
@@ -162,4 +157,4 @@ class MessageRepository:
             query = query.where(Message.user_pk == user_pk)
         async with self._db.transaction() as session:
             rows = await session.execute(query.order_by(Message.id).limit(limit))
-            return _turn_rows(rows.all())
+            return records_of(Turn, rows.all())

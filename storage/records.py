@@ -8,6 +8,7 @@ values: no lazy loading, no session, nothing that a later write could change und
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -22,6 +23,18 @@ R = TypeVar("R", bound="DataclassInstance | msgspec.Struct")
 def to_record(cls: type[R], row: object) -> R:
     """The record of an ORM row: each field read from the attribute of the same name."""
     return cls(**{name: getattr(row, name) for name in field_names(cls)})
+
+
+def record_columns(cls: type[R], model: type) -> list[Any]:
+    """The model's columns of a record's fields, in field order: a select of these gives
+    plain rows for `records_of`, without the ORM's objects."""
+    return [getattr(model, name) for name in field_names(cls)]
+
+
+def records_of(cls: type[R], rows: Iterable[Sequence[Any]]) -> list[R]:
+    """The records of plain rows selected by `record_columns`."""
+    names = field_names(cls)
+    return [cls(**dict(zip(names, row, strict=True))) for row in rows]
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
