@@ -132,6 +132,22 @@ async def test_a_word_asked_again_finds_words_said_since_without_being_embedded_
         del TABLE["viola"]
 
 
+async def test_words_embedded_with_a_query_are_not_embedded_again_when_said() -> None:
+    embed = TableEmbedder()
+    found = neighbours()
+    await found.expand(1, "instrument", embed)
+    # A message asks about a cello: its new word is embedded with it, as a query...
+    assert found.words_to_embed(1, "A cello?") == ["cello"]
+    found.give_vectors(1, ["cello"], await embed(["cello"]))
+    await found.expand(1, "A cello?", embed)
+    # ...then the message is stored: its words join the vocabulary without an embedding.
+    calls = len(embed.embedded)
+    found.add(1, ["A cello?"])
+    await found.embed_pending(1, embed)
+    assert len(embed.embedded) == calls
+    assert found.num_embedded(1) == 14
+
+
 async def test_scopes_are_apart_and_dropped_whole() -> None:
     embed = TableEmbedder()
     found = neighbours()

@@ -209,7 +209,12 @@ class WordNeighbours:
             if not vocabulary.pending:
                 return
             words = list(vocabulary.pending)
-            vectors = np.asarray(await embed(words), dtype=np.float32)
+            # A chat turn's new words were embedded with it, when it was the query.
+            held = {w: vector for w in words if (vector := _held(vocabulary, w)) is not None}
+            missing = [word for word in words if word not in held]
+            if missing:
+                held.update(zip(missing, await embed(missing), strict=True))
+            vectors = np.stack([held[word] for word in words]).astype(np.float32)
             vocabulary.append(words, vectors)
             for word in words:
                 vocabulary.pending.pop(word, None)
@@ -269,6 +274,16 @@ class WordNeighbours:
         return np.stack(
             [matrix[rows[w]] if w in rows else given[w] if w in given else fresh[w] for w in words]
         ).astype(np.float32)
+
+
+def _held(vocabulary: _Vocabulary, word: str) -> np.ndarray | None:
+    """The vector of a word asked lately that the user had not said, if the scope holds
+    it."""
+    given = vocabulary.given.get(word)
+    if given is not None:
+        return given
+    nearest = vocabulary.nearest.get(word)
+    return None if nearest is None else nearest.vector
 
 
 def _top(similarities: np.ndarray, wanted: int, offset: int) -> tuple[list[int], list[float]]:

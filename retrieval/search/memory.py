@@ -235,13 +235,12 @@ class TurnMemory:
         if query is not None and isinstance(self._embedder, QueryEmbedder):
             asked = await self.embed_query(turn.user_pk, query)
             return asked, mean_of_pieces(await self.embed(own), [len(own)])[0]
-        words = self._neighbours.words_to_embed(turn.user_pk, query) if query is not None else []
-        texts = [*([query] if query is not None else []), *words, *own]
-        vectors = await self.embed(texts)
-        query_vector = vectors[0] if query is not None else None
-        skip = (1 if query is not None else 0) + len(words)
-        self._neighbours.give_vectors(turn.user_pk, words, vectors[skip - len(words) : skip])
-        return query_vector, mean_of_pieces(vectors[skip:], [len(own)])[0]
+        if query is None:
+            return None, mean_of_pieces(await self.embed(own), [len(own)])[0]
+        words = self._neighbours.words_to_embed(turn.user_pk, query)
+        vectors = await self.embed([query, *words, *own])
+        self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
+        return vectors[0], mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
 
     async def num_vectors(self) -> int:
         """Vectors in the open scopes of the turn index."""
