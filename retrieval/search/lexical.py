@@ -219,6 +219,27 @@ class Feedback:
     min_corpus: int = 50
 
 
+def _best_after(
+    best: np.ndarray,
+    slots: np.ndarray,
+    scores: np.ndarray,
+    seen: np.ndarray,
+    marked: np.ndarray,
+    k: int,
+) -> np.ndarray:
+    """The k best seen slots (all of them while fewer) after a term has raised the scores
+    of `slots`, from the k best before it (`best`): no other slot's score changed, so the
+    k-th best score is the same as over every seen slot, at the cost of the term's posting
+    rather than of the whole scope. `marked` is all False, and left so."""
+    marked[slots] = True
+    pool = np.concatenate((best[~marked[best]], slots))
+    marked[slots] = False
+    pool = pool[seen[pool]]
+    if len(pool) > k:
+        pool = pool[np.argpartition(scores[pool], len(pool) - k)[-k:]]
+    return pool
+
+
 class LexicalIndex:
     """Okapi BM25 (k1, b) over documents keyed by message id, partitioned by scope (user).
 
@@ -477,6 +498,9 @@ class LexicalIndex:
         taken = 0
         threshold = 0.0
         ceiling = 0.0  # no document's partial score exceeds the taken terms' bounds
+        # The k best seen slots so far (see `_best_after`), whose lowest score is the threshold.
+        best = np.zeros(0, dtype=np.int64)
+        marked = np.zeros(index.num_slots, dtype=bool)
         for term, remaining in zip(terms, bounds.tolist(), strict=True):
             if taken and remaining < threshold:
                 break
@@ -487,12 +511,12 @@ class LexicalIndex:
             seen[barred] = False
             taken += 1
             ceiling += term.bound
+            best = _best_after(best, slots, scores, seen, marked, k)
             next_bound = bounds[taken] if taken < len(terms) else 0.0
             if next_bound >= ceiling:
                 continue  # the threshold cannot reach what is left: no need to know it
-            found = np.flatnonzero(seen)
-            if len(found) >= k:
-                threshold = float(np.partition(scores[found], len(found) - k)[-k])
+            if len(best) >= k:
+                threshold = float(scores[best].min())
         remaining = float(bounds[taken]) if taken < len(terms) else 0.0
         candidates = np.flatnonzero(seen)
         # Only a document that the terms left could still lift to the threshold is
