@@ -220,20 +220,16 @@ class Feedback:
 
 
 def _best_after(
-    best: np.ndarray,
-    slots: np.ndarray,
-    scores: np.ndarray,
-    seen: np.ndarray,
-    marked: np.ndarray,
-    k: int,
+    best: np.ndarray, slots: np.ndarray, scores: np.ndarray, seen: np.ndarray, k: int
 ) -> np.ndarray:
     """The k best seen slots (all of them while fewer) after a term has raised the scores
-    of `slots`, from the k best before it (`best`): no other slot's score changed, so the
-    k-th best score is the same as over every seen slot, at the cost of the term's posting
-    rather than of the whole scope. `marked` is all False, and left so."""
-    marked[slots] = True
-    pool = np.concatenate((best[~marked[best]], slots))
-    marked[slots] = False
+    of `slots` (ascending), from the k best before it (`best`): no other slot's score
+    changed, so the k-th best score is the same as over every seen slot, at the cost of
+    the term's posting rather than of the whole scope."""
+    if len(slots) and len(best):
+        at = np.minimum(np.searchsorted(slots, best), len(slots) - 1)
+        best = best[slots[at] != best]
+    pool = np.concatenate((best, slots))
     pool = pool[seen[pool]]
     if len(pool) > k:
         pool = pool[np.argpartition(scores[pool], len(pool) - k)[-k:]]
@@ -500,7 +496,6 @@ class LexicalIndex:
         ceiling = 0.0  # no document's partial score exceeds the taken terms' bounds
         # The k best seen slots so far (see `_best_after`), whose lowest score is the threshold.
         best = np.zeros(0, dtype=np.int64)
-        marked = np.zeros(index.num_slots, dtype=bool)
         for term, remaining in zip(terms, bounds.tolist(), strict=True):
             if taken and remaining < threshold:
                 break
@@ -511,7 +506,7 @@ class LexicalIndex:
             seen[barred] = False
             taken += 1
             ceiling += term.bound
-            best = _best_after(best, slots, scores, seen, marked, k)
+            best = _best_after(best, slots, scores, seen, k)
             next_bound = bounds[taken] if taken < len(terms) else 0.0
             if next_bound >= ceiling:
                 continue  # the threshold cannot reach what is left: no need to know it
