@@ -23,9 +23,16 @@ def test_english_words_are_stemmed_and_stop_words_dropped() -> None:
 
 def test_chinese_is_cut_into_characters_and_pairs() -> None:
     assert tokenize("我对花生过敏") == [
-        "我", "对", "花", "生", "过", "敏",
+        "对", "花", "生", "过", "敏",
         "我对", "对花", "花生", "生过", "过敏",
     ]  # fmt: skip
+    # Function characters are no terms, nor are pairs of two of them (什么), as English
+    # stop words are dropped; a pair with one content character stays (么过, 过敏).
+    assert tokenize("我有什么过敏的食物吗？") == [
+        "过", "敏", "食", "物",
+        "么过", "过敏", "敏的", "的食", "食物", "物吗",
+    ]  # fmt: skip
+    assert tokenize("你们好吗") == ["好", "们好", "好吗"]
     # Mixed text: Latin words and CJK runs are tokenised each their own way.
     assert tokenize("Alice说花生") == ["alic", "说", "花", "生", "说花", "花生"]
 
@@ -211,3 +218,4 @@ def test_a_snapshot_restores_the_same_scores_and_takes_later_changes() -> None:
     damaged[-5] ^= 1
     assert not LexicalIndex().restore(1, bytes(damaged))
     assert not LexicalIndex().restore(1, b"not a snapshot")
+

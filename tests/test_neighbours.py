@@ -173,3 +173,25 @@ async def test_related_words_let_bm25_find_a_turn_without_the_asked_word() -> No
     assert lexical.score(1, weights).of([1, 2, 5, 99]) == pytest.approx(
         {1: hits[0].score, 2: hits[1].score, 5: 0.0}
     )
+
+
+async def test_another_form_of_an_asked_word_counts_as_the_word() -> None:
+    """The stemmer leaves "allergic" and "allergy" apart ("allerg", "allergi"): a near
+    word whose term begins the asked word's (or the reverse) joins at full weight and
+    leaves the related words their number; a near word of another stem does not."""
+    table = {
+        "allergy": unit(1, 0, 0, 0),
+        "allergic": unit(0.9, 0.436, 0, 0),
+        "peanuts": unit(0.6, 0.8, 0, 0),
+        "snack": unit(0.55, 0, 0.835, 0),
+        "alley": unit(0.7, 0, 0.7141, 0),
+    }
+
+    async def embed(texts: Sequence[str]) -> np.ndarray:
+        return np.stack([table.get(text, OTHER) for text in texts])
+
+    found = WordNeighbours(NeighbourConfig(1, 0.5, 0.3))
+    found.add(1, ["I am allergic to peanuts", "What snack?", "Down the alley"])
+    related = await found.expand(1, "food allergy", embed)
+    # "alley" (0.7) is nearer than peanuts but of another stem: it is the one related word.
+    assert related == pytest.approx({"allerg": 1.0, "alley": 0.21}, abs=1e-4)

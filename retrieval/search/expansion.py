@@ -30,6 +30,8 @@ from retrieval.search.lexical import word_terms
 # Nearest words looked at beyond the wanted number: the asked word and its other forms
 # ("paint", "painting") are nearest and skipped.
 NUM_SPARE = 5
+# The shortest stem taken as the start of another form of its word (`is_other_form`).
+MIN_STEM = 4
 # Query words whose nearest rows a scope keeps (the least recently asked go first).
 MAX_REMEMBERED_WORDS = 512
 
@@ -165,15 +167,23 @@ class WordNeighbours:
             return {}
         asked_terms = set(asked.values())
         expansion: dict[str, float] = {}
-        for nearest in await self._nearest_of(vocabulary, list(asked), embed):
+        words = list(asked)
+        nearests = await self._nearest_of(vocabulary, words, embed)
+        for word, nearest in zip(words, nearests, strict=True):
             related: dict[str, float] = {}
+            num_related = 0
             for row, similarity in zip(nearest.rows, nearest.similarities, strict=True):
                 if similarity < self._config.min_similarity:
                     break
                 term = vocabulary.terms[vocabulary.words[row]]
-                if term not in asked_terms and term not in related:
-                    related[term] = self._config.weight * similarity
-                if len(related) == self._config.num_neighbours:
+                if term in asked_terms or term in related:
+                    continue
+                if is_other_form(asked[word], term):
+                    related[term] = 1.0
+                    continue
+                related[term] = self._config.weight * similarity
+                num_related += 1
+                if num_related == self._config.num_neighbours:
                     break
             for term, weight in related.items():
                 expansion[term] = max(expansion.get(term, 0.0), weight)
@@ -274,6 +284,15 @@ class WordNeighbours:
         return np.stack(
             [matrix[rows[w]] if w in rows else given[w] if w in given else fresh[w] for w in words]
         ).astype(np.float32)
+
+
+def is_other_form(first: str, second: str) -> bool:
+    """Whether two index terms are forms of one word that the stemmer left apart
+    ("allergi" from allergy, "allerg" from allergic; "child", "children"): the shorter,
+    of at least MIN_STEM letters, begins the longer. Only asked of words the embedder
+    already finds near each other."""
+    shorter, longer = sorted((first, second), key=len)
+    return len(shorter) >= MIN_STEM and longer.startswith(shorter)
 
 
 def _held(vocabulary: _Vocabulary, word: str) -> np.ndarray | None:

@@ -8,7 +8,8 @@ Tokens: Latin-script words are lower-cased, English stop words dropped and the r
 stemmed (Snowball), so "painted" matches "painting". Text without spaces (Chinese,
 Japanese, Korean) is cut into single characters and overlapping character pairs: 我对花生过敏
 yields 花, 生, 花生, ... and is found by 花生; pairs keep multi-character words ahead of
-texts that merely share their characters. Other scripts are split on word boundaries.
+texts that merely share their characters. Chinese function characters (的, 了, 什么, ...)
+are dropped as English stop words are (`STOP_CHARS`). Other scripts are split on word boundaries.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ yourselves s t d ll m re ve
 """
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
+# Chinese function characters, the counterpart of the stop words above: particles,
+# pronouns, question words, the copula and the commonest adverbs. Such a character is no
+# term on its own, nor is a pair of two of them (什么, 我们, 是的); a pair with one
+# content character stays (过敏 holds 过, 有名 holds 有).
+STOP_CHARS = frozenset(
+    "的了吗呢吧啊呀么嘛哦哈是在有和与也都就还又很这那哪些个一不我你您他她它们什怎谁"
+)
+
 _stemmer = snowballstemmer.stemmer("english")
 
 
@@ -56,8 +65,12 @@ def tokenize(text: str) -> list[str]:
     tokens: list[str] = []
     for piece in _TOKEN.findall(unicodedata.normalize("NFKC", text).lower()):
         if CJK_CHAR.match(piece):
-            tokens.extend(piece)
-            tokens.extend(piece[i : i + 2] for i in range(len(piece) - 1))
+            tokens.extend(c for c in piece if c not in STOP_CHARS)
+            tokens.extend(
+                piece[i : i + 2]
+                for i in range(len(piece) - 1)
+                if piece[i] not in STOP_CHARS or piece[i + 1] not in STOP_CHARS
+            )
         elif piece not in STOP_WORDS:
             tokens.append(_stem(piece) if piece.isascii() else piece)
     return tokens
@@ -566,7 +579,8 @@ class LexicalIndex:
 # Snapshots: a scope's arrays in one file, so that a restart reopens a large history
 # without tokenising it again. Format: MAGIC, the SHA-256 of the payload, then the payload
 # (numpy's .npz). A file that fails its checksum or does not parse is not used.
-SNAPSHOT_MAGIC = b"memchat-bm25-1\n"
+# Version 2: Chinese function characters are no longer terms (a version-1 file is rebuilt).
+SNAPSHOT_MAGIC = b"memchat-bm25-2\n"
 
 
 def _concatenated(arrays: Sequence[np.ndarray], dtype: type) -> tuple[np.ndarray, np.ndarray]:
