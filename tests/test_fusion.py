@@ -73,6 +73,20 @@ def test_standardised_fusion_without_spread_or_exact_scores() -> None:
     assert fused[1].score == pytest.approx(z(1.0, [10.0, 2.0, 1.0]))
 
 
+def test_a_single_hit_is_standardised_over_every_candidates_exact_score() -> None:
+    """One turn holds the query's words: its list has no spread, but the exact scores of
+    the other candidates (0: they share no word) give one."""
+    single = [ScoredId(3, 2.0)]
+    exact = {1: 0.0, 2: 0.0, 3: 2.0}
+    fused = standardised_fusion([DENSE, single], [DENSE_EXACT, exact], [0.0, 1.0])
+    assert [h.id for h in fused] == [3, 1, 2]
+    assert fused[0].score == pytest.approx(z(2.0, [0.0, 0.0, 2.0]))
+    # Weighed in, the dense side can outweigh it: turn 1 stands out there more.
+    fused = standardised_fusion([DENSE, single], [DENSE_EXACT, exact], [1.0, 1.0])
+    assert [h.id for h in fused] == [1, 3, 2]
+    assert fused[0].score == pytest.approx(z(0.9, [0.9, 0.5, 0.4]) + z(0.0, [0.0, 0.0, 2.0]))
+
+
 def test_near_duplicates_do_not_crowd_the_top_k() -> None:
     prints = {
         1: frozenset({"allerg", "peanut"}),

@@ -297,3 +297,26 @@ async def test_recent_window_is_excluded_from_hybrid_retrieval(
     # the old turn not again while the first turn's context (which shows it) is in view.
     assert [m["text"] for m in first["context"]["memories"]] == ["我对花生过敏"]
     assert turn["context"]["memories"] == []
+
+
+async def test_a_chinese_query_weighs_an_english_only_embedder_by_its_own_weight(
+    repos: Repositories, tmp_path: Path, real_embedder: Embedder
+) -> None:
+    """all-MiniLM-L6-v2 reads no Chinese: it finds the snack question nearer to a question
+    about allergies than the allergy itself. With the service's defaults a mostly Chinese
+    query gives its similarities no weight (dense_weight_cjk 0), and BM25 decides."""
+    turns = [("user", "我对花生过敏。"), ("user", "今晚吃点什么零食好？")]
+    default = replace(BARE, duplicate_threshold=2.0)
+    assert default.dense_weight_cjk == HYBRID.dense_weight_cjk == 0.0
+
+    def memory(config: RetrievalConfig, name: str) -> TurnMemory:
+        index = FaissIndex(tmp_path / name, 384)
+        return TurnMemory(repos.messages, repos.embeddings, real_embedder, index, config)
+
+    first = memory(default, "a")
+    allergy, snack = await add_turns(repos, first, turns)
+    user_pk = await user_pk_of(repos)
+    assert await ranked(first, user_pk, "我有什么过敏的食物吗？") == [allergy, snack]
+    # Weighed as an English query's would be (here twice BM25's), the similarities win.
+    weighed = memory(replace(default, dense_weight_cjk=2.0), "b")
+    assert await ranked(weighed, user_pk, "我有什么过敏的食物吗？") == [snack, allergy]

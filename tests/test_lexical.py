@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.text import is_mostly_cjk
 
 
 def test_english_words_are_stemmed_and_stop_words_dropped() -> None:
@@ -219,3 +220,10 @@ def test_a_snapshot_restores_the_same_scores_and_takes_later_changes() -> None:
     assert not LexicalIndex().restore(1, bytes(damaged))
     assert not LexicalIndex().restore(1, b"not a snapshot")
 
+
+def test_a_text_is_mostly_cjk_when_half_its_letters_are() -> None:
+    assert is_mostly_cjk("我有什么过敏的食物吗？")
+    assert is_mostly_cjk("我昨天去了一趟Costco")  # 7 of 13 letters
+    assert not is_mostly_cjk("我昨天去了Costco")  # 5 of 11
+    assert not is_mostly_cjk("What am I allergic to?")
+    assert not is_mostly_cjk("2026-01-05 ?!")

@@ -44,18 +44,21 @@ def standardised_fusion(
 
     `rankings[i]` is retriever i's own hit list, whose scores give the mean and spread
     its scores are standardised by; `scores[i]` is its exact score of each candidate
-    (a candidate it cannot score counts as its lowest hit). A retriever whose hits all
-    score the same adds nothing. Ties go to the lower id.
+    (a candidate it cannot score counts as its lowest hit). Where its hits all score the
+    same (a single hit: one turn holds the query's words), its exact scores of all the
+    candidates give them; where those do too, it adds nothing. Ties go to the lower id.
     """
     candidates = sorted({hit.id for ranking in rankings for hit in ranking})
     fused = np.zeros(len(candidates))
     for ranking, exact, weight in zip(rankings, scores, weights, strict=True):
         own = np.array([hit.score for hit in ranking])
-        if len(own) < 2 or not np.ptp(own):
+        if not len(own):
             continue
         floor = float(own.min())
         values = np.array([exact.get(i, floor) for i in candidates])
-        fused += weight * (values - own.mean()) / own.std()
+        spread = own if np.ptp(own) else values
+        if np.ptp(spread):
+            fused += weight * (values - spread.mean()) / spread.std()
     order = np.lexsort((np.array(candidates), -fused))
     return [ScoredId(candidates[i], float(fused[i])) for i in order]
 

@@ -40,6 +40,7 @@ from retrieval.search.fusion import (
 )
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
+from retrieval.text import is_mostly_cjk
 from storage.embeddings import EmbeddingRepository, StoredVector
 from storage.messages import MessageRepository
 from storage.records import Turn
@@ -103,6 +104,8 @@ class RetrievalConfig:
     num_candidates: int = 100
     rrf_c: float = 60.0
     dense_weight: float = 0.7
+    # The dense weight for a query mostly in CJK script (0 with an English-only embedder).
+    dense_weight_cjk: float = 0.0
     lexical_weight: float = 1.0
     duplicate_threshold: float = 0.9
     feedback: Feedback = field(default_factory=Feedback)
@@ -540,11 +543,15 @@ class TurnMemory:
             rankings.append(lexical.top(fetch, exclude))
         if len(rankings) == 1:
             ranked = rankings[0]
-        elif config.fusion == "zscore":
-            ranked = await self._standardised(user_pk, vector, lexical, rankings)
         else:
-            weights = [config.dense_weight, config.lexical_weight]
-            ranked = reciprocal_rank_fusion(rankings, weights, config.rrf_c)
+            dense_weight = (
+                config.dense_weight_cjk if is_mostly_cjk(query or "") else config.dense_weight
+            )
+            weights = [dense_weight, config.lexical_weight]
+            if config.fusion == "zscore":
+                ranked = await self._standardised(user_pk, vector, lexical, rankings, weights)
+            else:
+                ranked = reciprocal_rank_fusion(rankings, weights, config.rrf_c)
         if config.duplicate_threshold > 1:
             return ranked[:k]
         return drop_near_duplicates(
@@ -567,12 +574,12 @@ class TurnMemory:
         vector: np.ndarray,
         lexical: LexicalScores,
         rankings: list[list[ScoredId]],
+        weights: list[float],
     ) -> list[ScoredId]:
         """Dense and lexical hits fused by standardised scores, each candidate scored
         exactly by both (the lexical side from the scores its ranking came from)."""
         candidates = {hit.id for ranking in rankings for hit in ranking}
         dense = await self._index.similarities(user_pk, vector, candidates)
-        weights = [self._config.dense_weight, self._config.lexical_weight]
         return standardised_fusion(rankings, [dense, lexical.of(candidates)], weights)
 
     async def forget(self, user_pk: int, message_ids: Collection[int]) -> None:

@@ -138,7 +138,7 @@ async def _import(
             repositories.embeddings,
             embedder,
             build_index(settings, embedder),
-            vectors_only(retrieval_config(settings.retrieval)),
+            vectors_only(retrieval_config(settings.retrieval, settings.embedder.reads_cjk)),
         )
         await memory.check_model()
         target = ImportTarget(
