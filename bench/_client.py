@@ -60,8 +60,12 @@ class CountingEngine:
 
 
 @asynccontextmanager
-async def service(url: str | None) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of the service at `url`, or of a fresh in-process one on a temporary dir."""
+async def service(
+    url: str | None, *, real_engine: bool = False
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the service at `url`, or of a fresh in-process one on a temporary dir:
+    with the counting engine, or with `real_engine` the configured one (the embedded
+    llama.cpp model by default), whose tokenizer then counts the prompts."""
     if url is not None:
         async with httpx.AsyncClient(base_url=url, timeout=600) as client:
             yield client
@@ -73,7 +77,7 @@ async def service(url: str | None) -> AsyncIterator[httpx.AsyncClient]:
         engine = create_engine(settings.resolved_database_url())
         await migrate.upgrade(engine)
         await engine.dispose()
-        app = create_app(settings, engine=CountingEngine())
+        app = create_app(settings, engine=None if real_engine else CountingEngine())
         # Addressed as a local client: local mode answers loopback hosts only.
         async with AsyncTestClient(
             app=app, base_url="http://127.0.0.1:8000", timeout=600

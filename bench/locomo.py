@@ -8,7 +8,13 @@ photo). Every question of categories 1-4 is then asked with `POST /v1/memory/sea
 among the first k results, averaged over questions. Nothing is tuned here: the service's
 settings (from `MEMCHAT_*` variables, or the server's) are what is measured.
 
-    .venv/bin/python bench/locomo.py [--url http://127.0.0.1:8000] [--data FILE]
+With `--context`, each question is also sent to `POST /v1/sessions/{id}/context` in a
+fresh session of its user (no recent window: the prompt's memory is all retrieval, facts
+and summary), with the embedded llama.cpp engine counting tokens: evidence-in-context is
+the share of a question's evidence turns whose text is in the assembled prompt, printed
+beside the prompt's tokens (p50 / p95) and the memories it holds.
+
+    .venv/bin/python bench/locomo.py [--url http://127.0.0.1:8000] [--data FILE] [--context]
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _client import latency_line, post, service
+from _client import latency_line, percentile, post, service
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10_dev.json"
 KS = (5, 10, 20)
@@ -80,6 +86,30 @@ def history_messages(
 
 
 @dataclass
+class InContext:
+    """Evidence-in-context: per question, the share of its evidence turns whose text is
+    in the assembled prompt; with the prompt's tokens and number of memories."""
+
+    shares: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    memories: list[int] = field(default_factory=list)
+
+    def add(self, gold: set[str], texts: dict[str, str], preview: dict) -> None:
+        prompt = "\n".join(m["content"] for m in preview["messages"])
+        self.shares.append(sum(texts[g] in prompt for g in gold if g in texts) / len(gold))
+        self.tokens.append(preview["context"]["prompt_tokens"])
+        self.memories.append(len(preview["context"]["memories"]))
+
+    def line(self, name: str) -> str:
+        n = len(self.shares)
+        tokens = f"{percentile(self.tokens, 0.5):.0f} / {percentile(self.tokens, 0.95):.0f}"
+        return (
+            f"  {name:<22} n={n:<4} evidence in context {sum(self.shares) / n:.3f}  "
+            f"prompt tokens p50/p95 {tokens}  memories {sum(self.memories) / n:.1f}"
+        )
+
+
+@dataclass
 class Tally:
     recall: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
 
@@ -116,14 +146,92 @@ async def ask(client, user_id: str, question: str, latencies: list[float]) -> li
     return [normalise_id(r["external_id"] or "") for r in results]
 
 
+def turn_texts(conversation: dict) -> dict[str, str]:
+    """Each turn's text by its normalised id."""
+    return {
+        normalise_id(turn["dia_id"]): turn["text"]
+        for _, _, turns in sessions_of(conversation)
+        for turn in turns
+    }
+
+
+async def preview(client, session_id: str, question: str) -> dict:
+    return await post(client, f"/v1/sessions/{session_id}/context", {"content": question})
+
+
+@dataclass
+class Figures:
+    overall: Tally = field(default_factory=Tally)
+    by_category: dict[int, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    by_conversation: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    in_context: InContext = field(default_factory=InContext)
+    in_context_by_category: dict[int, InContext] = field(
+        default_factory=lambda: defaultdict(InContext)
+    )
+    latencies: list[float] = field(default_factory=list)
+    num_unanswerable: int = 0
+
+    def print(self, context: bool) -> None:
+        print(latency_line(self.latencies))
+        print(f"questions without evidence skipped: {self.num_unanswerable}")
+        print(self.overall.line("categories 1-4"))
+        for category, name in CATEGORIES.items():
+            print(self.by_category[category].line(f"{category} {name}"))
+        for sample_id, tally in self.by_conversation.items():
+            print(tally.line(sample_id))
+        if context:
+            print("what reaches the prompt (a fresh session, the embedded engine's tokens):")
+            print(self.in_context.line("categories 1-4"))
+            for category, name in CATEGORIES.items():
+                print(self.in_context_by_category[category].line(f"{category} {name}"))
+
+    def values(self, context: bool) -> dict:
+        by_conversation = self.by_conversation.items()
+        values = {
+            "overall": {k: self.overall.value(k) for k in KS},
+            "by_conversation": {s: {k: t.value(k) for k in KS} for s, t in by_conversation},
+        }
+        if context:
+            shown = self.in_context
+            values |= {
+                "evidence_in_context": sum(shown.shares) / len(shown.shares),
+                "prompt_tokens_p50": percentile(shown.tokens, 0.5),
+                "prompt_tokens_p95": percentile(shown.tokens, 0.95),
+            }
+        return values
+
+
+async def ask_all(client, item: dict, user_id: str, figures: Figures, context: bool) -> None:
+    """Every question of categories 1-4 with evidence: searched, and previewed if asked."""
+    texts = turn_texts(item["conversation"])
+    if context:
+        fresh = await post(client, "/v1/sessions", {"user_id": user_id, "title": "q"})
+    for qa in item["qa"]:
+        if qa["category"] not in CATEGORIES:
+            continue
+        gold = normalise_evidence(qa.get("evidence", []))
+        if not gold:
+            figures.num_unanswerable += 1
+            continue
+        ranked = await ask(client, user_id, qa["question"], figures.latencies)
+        for tally in (
+            figures.overall,
+            figures.by_category[qa["category"]],
+            figures.by_conversation[item["sample_id"]],
+        ):
+            tally.add(gold, ranked)
+        if context:
+            shown = await preview(client, fresh["id"], qa["question"])
+            for seen in (figures.in_context, figures.in_context_by_category[qa["category"]]):
+                seen.add(gold, texts, shown)
+
+
 async def run(args: argparse.Namespace) -> dict:
     conversations = json.loads(args.data.read_text(encoding="utf-8"))
     run_id = uuid.uuid4().hex[:8]
-    overall, by_category = Tally(), defaultdict(Tally)
-    by_conversation: dict[str, Tally] = defaultdict(Tally)
-    latencies: list[float] = []
-    num_turns, import_s, num_unanswerable = 0, 0.0, 0
-    async with service(args.url) as client:
+    figures = Figures()
+    num_turns, import_s = 0, 0.0
+    async with service(args.url, real_engine=args.context) as client:
         for item in conversations:
             started = time.perf_counter()
             user_id, imported = await import_conversation(
@@ -131,33 +239,11 @@ async def run(args: argparse.Namespace) -> dict:
             )
             import_s += time.perf_counter() - started
             num_turns += imported
-            for qa in item["qa"]:
-                if qa["category"] not in CATEGORIES:
-                    continue
-                gold = normalise_evidence(qa.get("evidence", []))
-                if not gold:
-                    num_unanswerable += 1
-                    continue
-                ranked = await ask(client, user_id, qa["question"], latencies)
-                for tally in (
-                    overall,
-                    by_category[qa["category"]],
-                    by_conversation[item["sample_id"]],
-                ):
-                    tally.add(gold, ranked)
+            await ask_all(client, item, user_id, figures, args.context)
     print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {num_turns} turns")
     print(f"import: {num_turns / import_s:.1f} turns/s ({import_s:.1f} s)")
-    print(latency_line(latencies))
-    print(f"questions without evidence skipped: {num_unanswerable}")
-    print(overall.line("categories 1-4"))
-    for category, name in CATEGORIES.items():
-        print(by_category[category].line(f"{category} {name}"))
-    for sample_id, tally in by_conversation.items():
-        print(tally.line(sample_id))
-    return {
-        "overall": {k: overall.value(k) for k in KS},
-        "by_conversation": {s: {k: t.value(k) for k in KS} for s, t in by_conversation.items()},
-    }
+    figures.print(args.context)
+    return figures.values(args.context)
 
 
 def main() -> None:
@@ -166,6 +252,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument(
         "--no-captions", action="store_true", help="do not send image captions with turns"
+    )
+    parser.add_argument(
+        "--context",
+        action="store_true",
+        help="also measure evidence-in-context through the context preview",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()

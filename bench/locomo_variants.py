@@ -184,7 +184,7 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
                 )
             if mode != "dense":
                 related = await neighbours.expand(1, question, vectors.words)
-                scored = lexical.score(1, lexical.query_weights(1, question, related))
+                scored = lexical.score(1, lexical.query_weights(1, question, related), cand)
                 rankings.append(scored.top(cand))
             if len(rankings) == 1:
                 ranked = rankings[0]
