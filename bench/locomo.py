@@ -32,6 +32,8 @@ from pathlib import Path
 
 from _client import latency_line, percentile, post, service
 
+from retrieval.prompt.render import quote
+
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10_dev.json"
 KS = (5, 10, 20)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -96,7 +98,10 @@ class InContext:
 
     def add(self, gold: set[str], texts: dict[str, str], preview: dict) -> None:
         prompt = "\n".join(m["content"] for m in preview["messages"])
-        self.shares.append(sum(texts[g] in prompt for g in gold if g in texts) / len(gold))
+        # The prompt quotes a memory as a JSON string (`quote`): a turn with a double
+        # quote or a line break is there in its escaped form.
+        found = sum(quote(texts[g])[1:-1] in prompt for g in gold if g in texts)
+        self.shares.append(found / len(gold))
         self.tokens.append(preview["context"]["prompt_tokens"])
         self.memories.append(len(preview["context"]["memories"]))
 
