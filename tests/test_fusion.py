@@ -64,9 +64,13 @@ def test_standardised_fusion_sums_z_scores_over_each_lists_own_hits() -> None:
 
 def test_standardised_fusion_without_spread_or_exact_scores() -> None:
     flat = [ScoredId(5, 1.0), ScoredId(6, 1.0)]
-    # A list whose hits all score the same adds nothing; ties go to the lower id.
+    # A list whose hits all score the same adds nothing; ties go to the better best rank
+    # (5 and 6 lead their list, 2 is third in the lexical one), then to the lower id.
     fused = standardised_fusion([flat, LEXICAL], [{5: 1.0, 6: 1.0}, LEXICAL_EXACT], [1, 1])
-    assert [h.id for h in fused][:2] == [3, 4]
+    assert [h.id for h in fused] == [3, 4, 5, 6, 2]
+    # A side weighted 0 orders what the other cannot tell apart.
+    silent = standardised_fusion([DENSE, []], [DENSE_EXACT, {}], [0.0, 1.0])
+    assert [h.id for h in silent] == [1, 2, 3]
     # A candidate a retriever cannot score counts as that list's lowest hit.
     fused = standardised_fusion([DENSE, LEXICAL], [DENSE_EXACT, {3: 10.0}], [0.0, 1.0])
     assert [h.id for h in fused] == [3, 1, 2, 4]

@@ -46,9 +46,15 @@ def standardised_fusion(
     its scores are standardised by; `scores[i]` is its exact score of each candidate
     (a candidate it cannot score counts as its lowest hit). Where its hits all score the
     same (a single hit: one turn holds the query's words), its exact scores of all the
-    candidates give them; where those do too, it adds nothing. Ties go to the lower id.
+    candidates give them; where those do too, it adds nothing. Ties go to the better
+    best rank in any list (so a side weighted 0 still orders what nothing else tells
+    apart), then to the lower id.
     """
     candidates = sorted({hit.id for ranking in rankings for hit in ranking})
+    best_rank: dict[int, int] = {}
+    for ranking in rankings:
+        for rank, hit in enumerate(ranking):
+            best_rank[hit.id] = min(best_rank.get(hit.id, rank), rank)
     fused = np.zeros(len(candidates))
     for ranking, exact, weight in zip(rankings, scores, weights, strict=True):
         own = np.array([hit.score for hit in ranking])
@@ -59,7 +65,8 @@ def standardised_fusion(
         spread = own if np.ptp(own) else values
         if np.ptp(spread):
             fused += weight * (values - spread.mean()) / spread.std()
-    order = np.lexsort((np.array(candidates), -fused))
+    ranks = np.array([best_rank[i] for i in candidates])
+    order = np.lexsort((np.array(candidates), ranks, -fused))
     return [ScoredId(candidates[i], float(fused[i])) for i in order]
 
 
