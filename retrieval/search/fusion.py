@@ -26,13 +26,21 @@ def reciprocal_rank_fusion(
     """Fused ranking, best first; ties go to the better best rank, then the lower id."""
     weights = weights if weights is not None else [1.0] * len(rankings)
     scores: dict[int, float] = {}
-    best_rank: dict[int, int] = {}
     for ranking, weight in zip(rankings, weights, strict=True):
         for rank, hit in enumerate(ranking, start=1):
             scores[hit.id] = scores.get(hit.id, 0.0) + weight / (c + rank)
-            best_rank[hit.id] = min(best_rank.get(hit.id, rank), rank)
+    best_rank = best_ranks(rankings)
     order = sorted(scores, key=lambda i: (-scores[i], best_rank[i], i))
     return [ScoredId(i, scores[i]) for i in order]
+
+
+def best_ranks(rankings: Sequence[Sequence[ScoredId]]) -> dict[int, int]:
+    """Each id's best position (0 = first) in any of the lists: the fusions' tie-break."""
+    best: dict[int, int] = {}
+    for ranking in rankings:
+        for rank, hit in enumerate(ranking):
+            best[hit.id] = min(best.get(hit.id, rank), rank)
+    return best
 
 
 def standardised_fusion(
@@ -51,10 +59,6 @@ def standardised_fusion(
     apart), then to the lower id.
     """
     candidates = sorted({hit.id for ranking in rankings for hit in ranking})
-    best_rank: dict[int, int] = {}
-    for ranking in rankings:
-        for rank, hit in enumerate(ranking):
-            best_rank[hit.id] = min(best_rank.get(hit.id, rank), rank)
     fused = np.zeros(len(candidates))
     for ranking, exact, weight in zip(rankings, scores, weights, strict=True):
         own = np.array([hit.score for hit in ranking])
@@ -65,6 +69,7 @@ def standardised_fusion(
         spread = own if np.ptp(own) else values
         if np.ptp(spread):
             fused += weight * (values - spread.mean()) / spread.std()
+    best_rank = best_ranks(rankings)
     ranks = np.array([best_rank[i] for i in candidates])
     order = np.lexsort((np.array(candidates), ranks, -fused))
     return [ScoredId(candidates[i], float(fused[i])) for i in order]
