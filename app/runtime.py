@@ -138,6 +138,8 @@ def chat_config(settings: Settings) -> ChatConfig:
         retrieval_k=settings.chat.retrieval_k,
         summary_share=settings.chat.summary_share,
         memory_share=settings.chat.memory_share,
+        memory_max_tokens=settings.chat.memory_max_tokens,
+        memory_min_tokens=settings.chat.memory_min_tokens,
         facts_share=settings.chat.facts_share,
         max_content_chars=settings.chat.max_content_chars,
         max_import_messages=settings.chat.max_import_messages,

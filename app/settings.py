@@ -94,7 +94,11 @@ class EngineSettings(BaseModel):
 
 class ChatSettings(BaseModel):
     system_prompt_file: Path = PROMPTS_DIR / "system.txt"
-    retrieval_k: int = Field(5, ge=0, le=100)
+    # The most memories (past turns) a turn may show; they fill the memory section best
+    # first until its budget is used: `memory_share` of the prompt, at most
+    # `memory_max_tokens` tokens (header included). The context notes the recent window
+    # already shows count against it, but each turn keeps `memory_min_tokens` for its own.
+    retrieval_k: int = Field(50, ge=0, le=200)
     # The recent window holds at most this many messages, and at most what the other
     # sections of the prompt leave it; past either, small talk leaves first, then the
     # oldest messages in one chunk (a multiple of this many, or down to the low-water
@@ -107,6 +111,8 @@ class ChatSettings(BaseModel):
     summary_prompt_file: Path = PROMPTS_DIR / "summarize.txt"
     summary_share: float = Field(0.10, ge=0, le=1)
     memory_share: float = Field(0.25, ge=0, le=1)
+    memory_max_tokens: int = Field(1_536, ge=0)
+    memory_min_tokens: int = Field(384, ge=0)
     # Share of the prompt budget that pinned facts may take; the rest are reported omitted.
     facts_share: float = Field(0.15, ge=0, le=1)
     max_content_chars: int = Field(32_000, ge=1)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from litestar.testing import AsyncTestClient
 
+from app.factory import create_app
+from app.settings import ChatSettings, Settings
 from retrieval.errors import EngineError
 from retrieval.prompt.render import CONTEXT_CLOSE, CONTEXT_OPEN
+from retrieval.protocols import Embedder
+from tests.clients import local_client
 from tests.fakes import ScriptedEngine
 
 
@@ -241,3 +245,34 @@ async def test_a_listing_counts_each_sessions_own_messages(client: AsyncTestClie
         (second["id"], 1),
         (empty["id"], 0),
     ]
+
+
+async def test_memories_fill_their_budget_and_later_turns_add_what_the_window_leaves(
+    settings: Settings, embedder: Embedder
+) -> None:
+    """A fresh session's first turn shows memories until `memory_max_tokens` is used;
+    the next turn's window already shows them in the first message's context note, so it
+    adds only `memory_min_tokens` worth."""
+    chat = ChatSettings(memory_max_tokens=120, memory_min_tokens=40)
+    engine = ScriptedEngine(["Noted."] * 3)
+    app = create_app(settings.model_copy(update={"chat": chat}), embedder=embedder, engine=engine)
+    async with local_client(app) as client:
+        old = await create_session(client)
+        history = [{"role": "user", "content": f"trail {i} was steep"} for i in range(60)]
+        imported = await client.post(
+            f"/v1/sessions/{old['id']}/history", json={"messages": history}
+        )
+        assert imported.status_code == 201, imported.text
+        session = await create_session(client)
+        url = f"/v1/sessions/{session['id']}/messages"
+        first = (await client.post(url, json={"content": "which trail was steep?"})).json()
+        second = (await client.post(url, json={"content": "and which was long?"})).json()
+    # The scripted engine counts words: the header is 10 words (12 with its breaks), each
+    # memory line `- [2026-.. ..:..] user: "trail N was steep"` 8 words (9 with its break).
+    assert len(first["context"]["memories"]) == (120 - 12) // 9
+    assert first["context"]["tokens"]["memories"] == 10 + 8 * 12
+    # The window shows turn 1's note (more than the budget less the minimum), so turn 2
+    # has its minimum.
+    assert len(second["context"]["memories"]) == (40 - 12) // 9
+    shown_first = {m["id"] for m in first["context"]["memories"]}
+    assert shown_first.isdisjoint(m["id"] for m in second["context"]["memories"])

@@ -203,3 +203,15 @@ async def test_the_window_gets_the_shares_the_other_sections_leave_unused(
     )
     assert context.report.recent_message_ids == (2, 3, 4)
     assert context.messages[1].content == HISTORY_OPENING
+
+
+async def test_memories_take_at_most_their_token_cap_whatever_the_share(
+    assembler: ContextAssembler,
+) -> None:
+    memories = [memory(i, " ".join(["m"] * 10), 1.0 - i / 10) for i in range(1, 6)]
+    budget = ContextBudget(200, reply_tokens=50, memory_share=1.0, memory_max_tokens=45)
+    assert budget.memory_tokens == 45
+    context = await assemble(assembler, new_message="hi", memories=memories, budget=budget)
+    # The header costs 10 + 2 and each memory line 14 + 1: two lines fit 45 tokens.
+    assert [m.turn.id for m in context.report.memories] == [1, 2]
+    assert context.report.sections.memories == 10 + 2 * 14

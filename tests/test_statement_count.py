@@ -47,8 +47,10 @@ async def test_a_steady_state_turn_runs_few_statements(settings: Settings) -> No
     app = create_app(quiet, embedder=HashEmbedder(), engine=ScriptedEngine(["Noted, thanks."]))
     async with local_client(app) as client:
         old = (await client.post("/v1/sessions", json={"user_id": "alice"})).json()
+        # Enough turns that the five turns before leave this one memories to show (none is
+        # shown twice in a session, and a session's first turn shows up to `retrieval_k`).
         history = [
-            {"role": "user", "content": f"I like hiking trail number {i}"} for i in range(60)
+            {"role": "user", "content": f"I like hiking trail number {i}"} for i in range(400)
         ]
         await client.post(f"/v1/sessions/{old['id']}/history", json={"messages": history})
         for text in ("I am allergic to peanuts.", "I live in Lyon."):

@@ -10,8 +10,14 @@ from retrieval.text import is_blank
 
 @dataclass(frozen=True, slots=True)
 class ChatConfig:
-    retrieval_k: int = 5
+    # The most memories a turn may show: they fill the memory section best first until
+    # its budget (`memory_share` of the prompt, at most `memory_max_tokens`) is used.
+    # The context notes the recent window already shows count against that budget, but a
+    # turn always has `memory_min_tokens` (or the whole budget, if smaller) for its own.
+    retrieval_k: int = 50
     memory_share: float = 0.25
+    memory_max_tokens: int = 1_536
+    memory_min_tokens: int = 384
     facts_share: float = 0.15
     summary_share: float = 0.10
     max_content_chars: int = 32_000

@@ -83,6 +83,7 @@ class ContextBuilder:
             context_window=self._engine.context_window,
             reply_tokens=params.max_tokens,
             memory_share=self._config.memory_share,
+            memory_max_tokens=self._config.memory_max_tokens,
             facts_share=self._config.facts_share,
             summary_share=self._config.summary_share,
             knowledge_share=self._config.knowledge_share if self._knowledge else 0.0,
@@ -126,7 +127,7 @@ class ContextBuilder:
         pinned = await self._facts.pinned(state.user.id) if self._facts is not None else []
         found = await self._find(state, view, vector, content, pinned, clock)
         plan = await self._assembler.plan(
-            self._sections(found, view, content, instructions), budget
+            self._sections(found, view, content, instructions), self._turn_budget(budget, view)
         )
         kept = await self._windows.keep_within_budget(
             view, budget=budget, room=plan.window_room, pinned=pinned, content_tokens=content_tokens
@@ -137,7 +138,8 @@ class ContextBuilder:
                 state, kept, vector, content, pinned, clock, knowledge=found.knowledge
             )
             plan = await self._assembler.plan(
-                self._sections(found, kept, content, instructions), budget
+                self._sections(found, kept, content, instructions),
+                self._turn_budget(budget, kept),
             )
         assembled = await self._assembler.assemble(plan, kept.turns)
         tokens = await self._engine.prompt_tokens(assembled.messages)
@@ -159,6 +161,17 @@ class ContextBuilder:
             note_tokens=await self._assembler.note_tokens(note),
             tokens=tokens,
         )
+
+    def _turn_budget(self, budget: ContextBudget, view: WindowView) -> ContextBudget:
+        """The budget with this turn's memory room: the memory budget less the context
+        notes the window already shows (memories retrieved for its earlier turns), and at
+        least `memory_min_tokens` of it. A fresh session's first turn fills the whole
+        budget; later turns add a few memories each, so that the window, which keeps every
+        note, grows slowly and the prompt's prefix lasts."""
+        full = budget.memory_tokens
+        shown = sum(t.context_note_tokens for t in view.turns)
+        room = max(min(self._config.memory_min_tokens, full), full - shown)
+        return replace(budget, memory_max_tokens=room)
 
     @staticmethod
     def _sections(found: _Found, view: WindowView, content: str, instructions: str) -> Sections:

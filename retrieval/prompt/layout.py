@@ -161,7 +161,7 @@ class ContextAssembler:
         self.check_fits(content_tokens, budget)
         fixed = await self._system_message_tokens(system) + self.message_tokens(content_tokens)
         memories = await self._fit(
-            sections.memories, MEMORY_HEADER, format_memory, budget.share(budget.memory_share)
+            sections.memories, MEMORY_HEADER, format_memory, budget.memory_tokens
         )
         knowledge = await self._fit(
             sections.knowledge,
@@ -276,7 +276,7 @@ class ContextAssembler:
             budget.available
             - system
             - budget.share(budget.summary_share)
-            - budget.share(budget.memory_share)
+            - budget.memory_tokens
             - budget.share(budget.knowledge_share)
             - self.message_tokens(content_tokens)
         )
