@@ -8,26 +8,39 @@ retrieved memories and the time to first token. It runs twice: with the prefix-s
 layout ([system][recent window][memories][message]) and with it switched off (memories
 before the recent window, `MEMCHAT_CHAT__STABLE_LAYOUT=false`).
 
+With `--locomo`, the returning user is a LoCoMo conversation instead (conv-26, all its
+sessions imported with their dates), and each of the 20 turns asks a question of the
+data set whose evidence lies in another session, so that every turn retrieves memories
+the session has not shown yet. Per turn it also prints whether the evidence reaches the
+prompt: among the turn's own memories, or the earlier turns' still in the recent window.
+`--memory-max-tokens` sets the memory budget (`MEMCHAT_CHAT__MEMORY_MAX_TOKENS`), to
+weigh it against the cached share.
+
 Each run gets a fresh data dir and a nonce at the start of the system prompt, so the
 second run finds nothing of the first in the engine's cache.
 
     .venv/bin/python bench/prefix_cache.py --vllm-url http://127.0.0.1:8001
     .venv/bin/python bench/prefix_cache.py --start-vllm        # a local CPU server
     .venv/bin/python bench/prefix_cache.py --engine llamacpp   # the embedded engine
+    .venv/bin/python bench/prefix_cache.py --engine llamacpp --locomo [--memory-max-tokens N]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import statistics
 import tempfile
 import uuid
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from _server import local_vllm, start_server
+from locomo import DATA as LOCOMO_DATA
+from locomo import history_messages, normalise_evidence, normalise_id, sessions_of
 from long_chat import stream_turn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,30 +82,82 @@ TURNS = [
 ]
 
 
-def run_conversation(url: str, max_tokens: int, label: str) -> list[dict[str, float]]:
+@dataclass(frozen=True)
+class Scenario:
+    """A returning user: earlier sessions to import, then the turns, each with the texts
+    of the turns that answer it (empty: not measured)."""
+
+    earlier: list[list[dict]]
+    turns: list[tuple[str, set[str]]]
+
+
+def scripted() -> Scenario:
+    history = [{"role": r, "content": c} for r, c in EARLIER]
+    return Scenario([history], [(content, set()) for content in TURNS])
+
+
+def locomo(path: Path, num_turns: int = 20) -> Scenario:
+    """conv-26's sessions, and one question per session (in session order, then round
+    again) whose evidence lies all in that session, categories 1-4."""
+    item = json.loads(path.read_text(encoding="utf-8"))[0]
+    conversation = item["conversation"]
+    sessions = sessions_of(conversation)
+    texts = {normalise_id(t["dia_id"]): t["text"] for _, _, ts in sessions for t in ts}
+    by_session: dict[int, list[tuple[str, set[str]]]] = {}
+    for qa in item["qa"]:
+        gold = normalise_evidence(qa.get("evidence", []))
+        numbers = {int(g[1:].split(":")[0]) for g in gold}
+        if qa.get("category") in (1, 2, 3, 4) and len(numbers) == 1 and gold <= texts.keys():
+            answer = {texts[g] for g in gold}
+            by_session.setdefault(numbers.pop(), []).append((qa["question"], answer))
+    turns: list[tuple[str, set[str]]] = []
+    while len(turns) < num_turns:
+        for number in sorted(by_session):
+            if by_session[number] and len(turns) < num_turns:
+                turns.append(by_session[number].pop(0))
+    earlier = [
+        history_messages(ts, date, conversation["speaker_a"], captions=True)
+        for _, date, ts in sessions
+    ]
+    return Scenario(earlier, turns)
+
+
+def run_conversation(
+    url: str, max_tokens: int, label: str, scenario: Scenario
+) -> list[dict[str, float]]:
     rows = []
     with httpx.Client(base_url=url, timeout=600) as client:
-        earlier = client.post("/v1/sessions", json={"user_id": "returning"}).json()["id"]
-        history = [{"role": r, "content": c} for r, c in EARLIER]
-        client.post(f"/v1/sessions/{earlier}/history", json={"messages": history})
+        for history in scenario.earlier:
+            earlier = client.post("/v1/sessions", json={"user_id": "returning"}).json()["id"]
+            client.post(f"/v1/sessions/{earlier}/history", json={"messages": history})
         session = client.post("/v1/sessions", json={"user_id": "returning"}).json()["id"]
-        print(f"\n[{label}] turn  prompt  cached  share  prefix_reuse  memory_tokens  ttft_ms")
-        for number, content in enumerate(TURNS, 1):
+        print(f"\n[{label}] turn  prompt  cached  share  prefix_reuse  memory_tokens  "
+              "memories  evidence  ttft_ms")  # fmt: skip
+        # The memory texts each user message of the session was sent with, by its id.
+        shown_by: dict[int, set[str]] = {}
+        for number, (content, answer) in enumerate(scenario.turns, 1):
             ttft, done = stream_turn(client, session, content, max_tokens)
+            context = done["context"]
             prompt = done["usage"]["prompt_tokens"]
             cached = done["usage"]["cached_prompt_tokens"] or 0
-            reuse = done["context"]["prefix_reuse"] or 0
-            memory_tokens = done["context"]["tokens"]["memories"]
-            rows.append({"prompt": prompt, "cached": cached, "ttft": ttft})
+            reuse = context["prefix_reuse"] or 0
+            memory_tokens = context["tokens"]["memories"]
+            own = {m["text"] for m in context["memories"]}
+            in_window = [shown_by.get(i, set()) for i in context["recent_message_ids"]]
+            shown = own.union(*in_window)
+            shown_by[done["message"]["id"]] = own
+            evidence = len(answer & shown) / len(answer) if answer else float("nan")
+            rows.append({"prompt": prompt, "cached": cached, "ttft": ttft, "evidence": evidence})
             print(f"[{label}] {number:4d}  {prompt:6d}  {cached:6d}  {cached / prompt:5.2f}  "
-                  f"{reuse:12d}  {memory_tokens:13d}  {ttft * 1000:7.0f}")  # fmt: skip
+                  f"{reuse:12d}  {memory_tokens:13d}  {len(own):8d}  {evidence:8.2f}  "
+                  f"{ttft * 1000:7.0f}")  # fmt: skip
     return rows
 
 
 def summary(rows: list[dict[str, float]]) -> dict[str, float]:
     later = rows[2:]  # turn 3 on
     shares = [r["cached"] / r["prompt"] for r in later]
-    return {
+    figures = {
         "cached share, turns 3-20 (tokens)": sum(r["cached"] for r in later)
         / sum(r["prompt"] for r in later),
         "lowest per-turn share, turns 3-20": min(shares),
@@ -100,6 +165,10 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
         "median time to first token, turns 3-20 (ms)": statistics.median(r["ttft"] for r in later)
         * 1000,
     }
+    measured = [r["evidence"] for r in rows if r["evidence"] == r["evidence"]]  # not NaN
+    if measured:
+        figures["evidence in the prompt, all turns (share)"] = statistics.mean(measured)
+    return figures
 
 
 def main() -> None:
@@ -109,7 +178,16 @@ def main() -> None:
     parser.add_argument("--start-vllm", action="store_true", help="start a local CPU server")
     parser.add_argument("--enforce-eager", action="store_true", help="faster start (local)")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--locomo",
+        nargs="?",
+        const=LOCOMO_DATA,
+        type=Path,
+        help="a LoCoMo conversation as the returning user (default file: the shared data)",
+    )
+    parser.add_argument("--memory-max-tokens", type=int, help="MEMCHAT_CHAT__MEMORY_MAX_TOKENS")
     args = parser.parse_args()
+    scenario = locomo(args.locomo) if args.locomo else scripted()
     results = {}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         urls = args.vllm_url
@@ -134,9 +212,12 @@ def main() -> None:
             }
             if args.engine == "vllm":
                 env["MEMCHAT_VLLM_URLS"] = ",".join(urls)
+            if args.memory_max_tokens is not None:
+                env["MEMCHAT_CHAT__MEMORY_MAX_TOKENS"] = str(args.memory_max_tokens)
             process, url = start_server(data_dir, env)
             try:
-                results[label] = summary(run_conversation(url, args.max_tokens, label))
+                rows = run_conversation(url, args.max_tokens, label, scenario)
+                results[label] = summary(rows)
             finally:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
