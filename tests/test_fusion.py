@@ -4,6 +4,8 @@ and scores."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from retrieval.protocols import ScoredId
 from retrieval.search.fusion import (
@@ -106,3 +108,23 @@ def test_near_duplicates_do_not_crowd_the_top_k() -> None:
     ]  # fmt: skip
     assert [h.id for h in drop_near_duplicates(hits, prints.__getitem__, 0.6, 3)] == [1, 3, 4]
     assert jaccard(prints[3], prints[6]) == pytest.approx(2 / 3)
+
+
+@given(
+    st.lists(st.frozensets(st.integers(0, 12), max_size=10), min_size=1, max_size=40),
+    st.sampled_from([0.3, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0]),
+    st.integers(1, 40),
+)
+def test_skipping_sets_of_distant_sizes_keeps_the_same_hits(
+    prints: list[frozenset[int]], threshold: float, k: int
+) -> None:
+    """Only sets of near sizes are compared: the result is the pairwise rule's."""
+    hits = ranked(*range(len(prints)))
+    kept: list[ScoredId] = []
+    for hit in hits:
+        terms = prints[hit.id]
+        if len(kept) < k and not (
+            terms and any(jaccard(terms, prints[h.id]) >= threshold for h in kept)
+        ):
+            kept.append(hit)
+    assert drop_near_duplicates(hits, prints.__getitem__, threshold, k) == kept
