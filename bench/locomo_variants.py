@@ -183,8 +183,14 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
                     [ScoredId(int(i), float(scores[i])) for i in np.argsort(-scores)[:cand]]
                 )
             if mode != "dense":
-                related = await neighbours.expand(1, question, vectors.words)
-                scored = lexical.score(1, lexical.query_weights(1, question, related), cand)
+                related = await neighbours.related(1, question, vectors.words)
+                weights_of = lexical.query_weights(
+                    1,
+                    question,
+                    {term: weight for term, (weight, _) in related.items()},
+                    sources={term: source for term, (_, source) in related.items()},
+                )
+                scored = lexical.score(1, weights_of, cand)
                 rankings.append(scored.top(cand))
             if len(rankings) == 1:
                 ranked = rankings[0]

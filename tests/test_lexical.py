@@ -227,3 +227,23 @@ def test_a_text_is_mostly_cjk_when_half_its_letters_are() -> None:
     assert not is_mostly_cjk("我昨天去了Costco")  # 5 of 11
     assert not is_mostly_cjk("What am I allergic to?")
     assert not is_mostly_cjk("2026-01-05 ?!")
+
+
+def test_a_related_word_counts_at_most_as_much_as_the_asked_word() -> None:
+    """In a small store every turn may say the asked word (its idf is low): a rare word
+    related to it is weighed down by their idf ratio, so it cannot outweigh it."""
+    index = LexicalIndex()
+    texts = ["I am allergic to peanuts", "no peanuts please", "peanuts again", "some cheese"]
+    index.add(1, [1, 2, 3, 4], texts)
+
+    def idf(df: int) -> float:
+        return math.log(1 + (4 - df + 0.5) / (df + 0.5))
+
+    capped = index.query_weights(1, "peanut", {"chees": 0.3}, sources={"chees": "peanut"})
+    assert capped == pytest.approx({"peanut": 1.0, "chees": 0.3 * idf(3) / idf(1)})
+    # "peanuts again" is the shortest turn with the word; "some cheese" comes last.
+    assert [hit.id for hit in index.score(1, capped, 4).top(4)] == [3, 1, 2, 4]
+    # Without its source the related word keeps its weight, and its turn comes first.
+    plain = index.query_weights(1, "peanut", {"chees": 0.3})
+    assert plain == {"peanut": 1.0, "chees": 0.3}
+    assert [hit.id for hit in index.score(1, plain, 4).top(4)] == [4, 3, 1, 2]

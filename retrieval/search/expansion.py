@@ -158,6 +158,12 @@ class WordNeighbours:
     async def expand(self, scope: int, query: str, embed: Embed) -> dict[str, float]:
         """Index terms related to the query's words, with their weights; none for words
         sharing a term with the query (they are in it already)."""
+        related = await self.related(scope, query, embed)
+        return {term: weight for term, (weight, _) in related.items()}
+
+    async def related(self, scope: int, query: str, embed: Embed) -> dict[str, tuple[float, str]]:
+        """As `expand`, each term with the asked word's term it was found for (the one
+        that gave it its weight)."""
         vocabulary = self._scopes.get(scope)
         asked = word_terms(query)
         if not self._config.is_enabled or vocabulary is None or not asked:
@@ -166,28 +172,37 @@ class WordNeighbours:
         if vocabulary.matrix is None:
             return {}
         asked_terms = set(asked.values())
-        expansion: dict[str, float] = {}
+        expansion: dict[str, tuple[float, str]] = {}
         words = list(asked)
         nearests = await self._nearest_of(vocabulary, words, embed)
         for word, nearest in zip(words, nearests, strict=True):
-            related: dict[str, float] = {}
-            num_related = 0
-            for row, similarity in zip(nearest.rows, nearest.similarities, strict=True):
-                if similarity < self._config.min_similarity:
-                    break
-                term = vocabulary.terms[vocabulary.words[row]]
-                if term in asked_terms or term in related:
-                    continue
-                if is_other_form(asked[word], term):
-                    related[term] = 1.0
-                    continue
-                related[term] = self._config.weight * similarity
-                num_related += 1
-                if num_related == self._config.num_neighbours:
-                    break
-            for term, weight in related.items():
-                expansion[term] = max(expansion.get(term, 0.0), weight)
+            found = self._related_of(vocabulary, nearest, asked[word], asked_terms)
+            for term, weight in found.items():
+                if weight > expansion.get(term, (0.0, ""))[0]:
+                    expansion[term] = (weight, asked[word])
         return expansion
+
+    def _related_of(
+        self, vocabulary: _Vocabulary, nearest: _Nearest, asked: str, asked_terms: set[str]
+    ) -> dict[str, float]:
+        """The terms of one asked word's nearest vocabulary words (term `asked`), with
+        their weights: another form of it at 1, a related word at weight x cosine."""
+        related: dict[str, float] = {}
+        num_related = 0
+        for row, similarity in zip(nearest.rows, nearest.similarities, strict=True):
+            if similarity < self._config.min_similarity:
+                break
+            term = vocabulary.terms[vocabulary.words[row]]
+            if term in asked_terms or term in related:
+                continue
+            if is_other_form(asked, term):
+                related[term] = 1.0
+                continue
+            related[term] = self._config.weight * similarity
+            num_related += 1
+            if num_related == self._config.num_neighbours:
+                break
+        return related
 
     def words_to_embed(self, scope: int, query: str) -> list[str]:
         """The query's words that its search would embed (neither the user's own words

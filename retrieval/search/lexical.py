@@ -401,9 +401,14 @@ class LexicalIndex:
         query: str,
         extra_terms: Mapping[str, float] | None = None,
         exclude: Collection[int] = (),
+        sources: Mapping[str, str] | None = None,
     ) -> dict[str, float]:
         """The weighted terms a query is searched with: its own at 1, `extra_terms` (such
-        as related words) at theirs, then the feedback terms.
+        as related words) at theirs, then the feedback terms. An extra term found for an
+        asked term (`sources`) that the scope holds counts at most as much as the asked
+        term would: its weight is scaled down by their idf ratio where it is rarer (in a
+        small store every turn may say "peanut", and a rare related word must not then
+        outweigh it).
 
         With pseudo-relevance feedback on, the query is first run as is, then widened by
         the terms that best characterise its top documents (weighted by their share of
@@ -411,9 +416,12 @@ class LexicalIndex:
         that answers it still shares words with that turn's neighbours.
         """
         weights = dict.fromkeys(tokenize(query), 1.0)
-        for term, weight in (extra_terms or {}).items():
-            weights[term] = max(weights.get(term, 0.0), weight)
         index = self._scopes.get(scope)
+        for term, weight in (extra_terms or {}).items():
+            source = (sources or {}).get(term)
+            if index is not None and source is not None:
+                weight *= self._idf_ratio(index, source, term)
+            weights[term] = max(weights.get(term, 0.0), weight)
         feedback = self._feedback
         if (
             index is not None
@@ -441,6 +449,16 @@ class LexicalIndex:
         if index is None or not index.documents:
             return LexicalScores.empty()
         return self._score(index, weights, k, exclude)
+
+    def _idf_ratio(self, index: _Scope, source: str, term: str) -> float:
+        """idf(source) / idf(term), at most 1: 1 where either is not held."""
+        source_id, term_id = index.term_ids.get(source), index.term_ids.get(term)
+        if source_id is None or term_id is None:
+            return 1.0
+        source_posting, term_posting = index.postings[source_id], index.postings[term_id]
+        if not source_posting.df or not term_posting.df:
+            return 1.0
+        return min(1.0, self._idf(index, source_posting) / self._idf(index, term_posting))
 
     def _idf(self, index: _Scope, posting: _Posting) -> float:
         df = posting.df

@@ -565,8 +565,14 @@ class TurnMemory:
         self, user_pk: int, query: str, exclude: Collection[int]
     ) -> dict[str, float]:
         """The weighted lexical terms of a query: its own, related words, feedback."""
-        related = await self._neighbours.expand(user_pk, query, self.embed)
-        return self._lexical.query_weights(user_pk, query, related, exclude)
+        related = await self._neighbours.related(user_pk, query, self.embed)
+        return self._lexical.query_weights(
+            user_pk,
+            query,
+            {term: weight for term, (weight, _) in related.items()},
+            exclude,
+            sources={term: source for term, (_, source) in related.items()},
+        )
 
     async def _standardised(
         self,
