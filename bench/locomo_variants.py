@@ -185,10 +185,7 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
             if mode != "dense":
                 related = await neighbours.related(1, question, vectors.words)
                 weights_of = lexical.query_weights(
-                    1,
-                    question,
-                    {term: weight for term, (weight, _) in related.items()},
-                    sources={term: source for term, (_, source) in related.items()},
+                    1, question, related.weights, sources=related.sources
                 )
                 scored = lexical.score(1, weights_of, cand)
                 rankings.append(scored.top(cand))

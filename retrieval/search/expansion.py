@@ -49,6 +49,15 @@ class NeighbourConfig:
         return self.num_neighbours > 0 and self.weight > 0
 
 
+@dataclass(frozen=True, slots=True)
+class Related:
+    """A query's related terms: each one's weight, and the asked word's term it was found
+    for (the one that gave it that weight)."""
+
+    weights: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class _Nearest:
     """A query word's nearest vocabulary rows among the first `upto` rows, best first:
@@ -158,28 +167,27 @@ class WordNeighbours:
     async def expand(self, scope: int, query: str, embed: Embed) -> dict[str, float]:
         """Index terms related to the query's words, with their weights; none for words
         sharing a term with the query (they are in it already)."""
-        related = await self.related(scope, query, embed)
-        return {term: weight for term, (weight, _) in related.items()}
+        return (await self.related(scope, query, embed)).weights
 
-    async def related(self, scope: int, query: str, embed: Embed) -> dict[str, tuple[float, str]]:
-        """As `expand`, each term with the asked word's term it was found for (the one
-        that gave it its weight)."""
+    async def related(self, scope: int, query: str, embed: Embed) -> Related:
+        """As `expand`, with the asked word's term each related term was found for."""
         vocabulary = self._scopes.get(scope)
         asked = word_terms(query)
         if not self._config.is_enabled or vocabulary is None or not asked:
-            return {}
+            return Related()
         await self.embed_pending(scope, embed)
         if vocabulary.matrix is None:
-            return {}
+            return Related()
         asked_terms = set(asked.values())
-        expansion: dict[str, tuple[float, str]] = {}
+        expansion = Related()
         words = list(asked)
         nearests = await self._nearest_of(vocabulary, words, embed)
         for word, nearest in zip(words, nearests, strict=True):
             found = self._related_of(vocabulary, nearest, asked[word], asked_terms)
             for term, weight in found.items():
-                if weight > expansion.get(term, (0.0, ""))[0]:
-                    expansion[term] = (weight, asked[word])
+                if weight > expansion.weights.get(term, 0.0):
+                    expansion.weights[term] = weight
+                    expansion.sources[term] = asked[word]
         return expansion
 
     def _related_of(

@@ -567,11 +567,7 @@ class TurnMemory:
         """The weighted lexical terms of a query: its own, related words, feedback."""
         related = await self._neighbours.related(user_pk, query, self.embed)
         return self._lexical.query_weights(
-            user_pk,
-            query,
-            {term: weight for term, (weight, _) in related.items()},
-            exclude,
-            sources={term: source for term, (_, source) in related.items()},
+            user_pk, query, related.weights, exclude, sources=related.sources
         )
 
     async def _standardised(
