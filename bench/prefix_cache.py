@@ -110,6 +110,8 @@ def locomo(path: Path, num_turns: int = 20) -> Scenario:
         if qa.get("category") in (1, 2, 3, 4) and len(numbers) == 1 and gold <= texts.keys():
             answer = {texts[g] for g in gold}
             by_session.setdefault(numbers.pop(), []).append((qa["question"], answer))
+    if sum(map(len, by_session.values())) < num_turns:
+        raise SystemExit(f"{path}: fewer than {num_turns} questions with one session's evidence")
     turns: list[tuple[str, set[str]]] = []
     while len(turns) < num_turns:
         for number in sorted(by_session):
