@@ -175,15 +175,28 @@ class TurnTextSettings(BaseModel):
     window: int = Field(0, ge=0, le=256)
 
 
+# Defaults of their own (not an instance with arguments as the field's default): an
+# environment variable for one field, such as MEMCHAT_RETRIEVAL__DENSE_TEXT__WINDOW, builds
+# the whole model anew, and its other fields must then keep these values.
+class DenseTextSettings(TurnTextSettings):
+    speaker: bool = True
+    window: int = Field(8, ge=0, le=256)
+
+
+class LexicalTextSettings(TurnTextSettings):
+    speaker: bool = True
+    date: bool = True
+    caption: bool = True
+    previous: int = Field(2, ge=0, le=5)
+
+
 class RetrievalSettings(BaseModel):
     """Turn retrieval. Defaults chosen on two LoCoMo conversations and checked on two
     others (bench/RESULTS.md); changing `dense_text` needs `memchat reindex`."""
 
     mode: Literal["dense", "lexical", "hybrid"] = "hybrid"
-    dense_text: TurnTextSettings = TurnTextSettings(speaker=True, window=8)
-    lexical_text: TurnTextSettings = TurnTextSettings(
-        speaker=True, date=True, caption=True, previous=2
-    )
+    dense_text: DenseTextSettings = DenseTextSettings()
+    lexical_text: LexicalTextSettings = LexicalTextSettings()
     # zscore: weighted standardised scores, every candidate scored by both retrievers;
     # rrf: weighted reciprocal rank (constant rrf_c).
     fusion: Literal["zscore", "rrf"] = "zscore"

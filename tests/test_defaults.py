@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from app.runtime import chat_config, knowledge_config, retrieval_config, window_config
 from app.settings import Settings
 from retrieval.chat.config import ChatConfig
@@ -39,6 +41,26 @@ def test_a_chinese_query_weighs_the_dense_side_as_the_embedder_reads_chinese() -
     assert declared.embedder.reads_cjk
     chosen = Settings(retrieval={"dense_weight_cjk": 0.2})
     assert retrieval_config(chosen.retrieval, True).dense_weight_cjk == 0.2
+
+
+def test_one_variable_changes_one_field_of_a_turn_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMCHAT_RETRIEVAL__DENSE_TEXT__WINDOW", "4")
+    monkeypatch.setenv("MEMCHAT_RETRIEVAL__LEXICAL_TEXT__PREVIOUS", "1")
+    retrieval = Settings().retrieval
+    assert retrieval.dense_text.model_dump() == {
+        "speaker": True,
+        "date": False,
+        "caption": False,
+        "previous": 0,
+        "window": 4,
+    }
+    assert retrieval.lexical_text.model_dump() == {
+        "speaker": True,
+        "date": True,
+        "caption": True,
+        "previous": 1,
+        "window": 0,
+    }
 
 
 def test_budget_shares_default_to_the_settings_defaults() -> None:

@@ -12,7 +12,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
-from app.settings import RetrievalSettings, Settings, TurnTextSettings
+from app.settings import DenseTextSettings, LexicalTextSettings, RetrievalSettings, Settings
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.protocols import Embedder
@@ -231,12 +231,16 @@ async def test_a_changed_turn_text_is_treated_like_a_model_change(
 
 
 def hybrid_settings(tmp_path: Path, database_url: str) -> Settings:
-    text = TurnTextSettings(speaker=True, date=True, caption=True, previous=1)
     return Settings(
         data_dir=tmp_path / "data",
         database_url=database_url,
         retrieval=RetrievalSettings(
-            mode="hybrid", dense_text=text, lexical_text=text, duplicate_threshold=0.9
+            mode="hybrid",
+            dense_text=DenseTextSettings(
+                speaker=True, date=True, caption=True, previous=1, window=0
+            ),
+            lexical_text=LexicalTextSettings(speaker=True, date=True, caption=True, previous=1),
+            duplicate_threshold=0.9,
         ),
     )
 
