@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.factory import create_app
-from app.settings import Settings
+from app.settings import EmbedderSettings, Settings
 from retrieval.protocols import Embedder, Engine
 from storage import migrate
 from storage.db import create_engine
@@ -98,11 +98,11 @@ def onnx_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def real_embedder(onnx_cache_dir: Path) -> Embedder:
-    """The default embedder: all-MiniLM-L6-v2 from its package, run by ONNX Runtime."""
-    from retrieval.embedders.onnx import OnnxEmbedder
-    from retrieval.embedders.sentence_transformers import default_model_path
+    """The default embedder as the service builds it from its default settings."""
+    from app.adapters import EMBEDDERS
 
-    return OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir)
+    config = EmbedderSettings()
+    return EMBEDDERS[config.kind](config, onnx_cache_dir)
 
 
 @pytest.fixture(scope="session")

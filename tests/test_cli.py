@@ -100,6 +100,20 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
         "re-embedded and indexed 6 messages and 0 knowledge chunks with all-MiniLM-L6-v2"
     )
 
+    # Vectors another turn text (or embedder) made: `serve` stops with a plain message.
+    changed = {**cli_env(tmp_path), "MEMCHAT_RETRIEVAL__DENSE_TEXT__WINDOW": "4"}
+    refused = subprocess.run(
+        [*MEMCHAT, "serve"], env=changed, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == (
+        "memchat serve: stored vectors were made by 'all-MiniLM-L6-v2#speaker+window8' "
+        "(dimension 384) but the configured embedder and turn text give "
+        "'all-MiniLM-L6-v2#speaker+window4' (dimension 384); run `memchat reindex` to "
+        "re-embed every stored turn, or configure the embedder that made them "
+        "(MEMCHAT_EMBEDDER__*)"
+    )
+
 
 def test_keys_create_list_revoke_and_serve_refuses_open_address_without_keys(
     tmp_path: Path,

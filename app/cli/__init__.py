@@ -20,6 +20,7 @@ from app.cli.keys import add_key_commands
 from app.cli.mcp import add_mcp_command
 from app.cli.progress import add_progress_option, is_shown, progress_bar
 from app.settings import Settings
+from retrieval.errors import EmbeddingModelMismatchError
 from storage.db import Database
 from storage.repositories import Repositories
 
@@ -66,7 +67,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     asyncio.run(migrate_database(settings, "head"))
     try:
         asyncio.run(_check_access(settings))
-    except LocalModeRefusedError as exc:
+        asyncio.run(_check_stored_vectors(settings))
+    except (LocalModeRefusedError, EmbeddingModelMismatchError) as exc:
         print(f"memchat serve: {exc}", file=sys.stderr)
         return 2
     if num_workers > 1:
@@ -85,6 +87,20 @@ async def _check_access(settings: Settings) -> None:
     db = Database.open(settings.resolved_database_url())
     try:
         await check_local_mode(AccessRepository(db), settings.host, bootstrap_key(settings))
+    finally:
+        await db.dispose()
+
+
+async def _check_stored_vectors(settings: Settings) -> None:
+    """Refuse, before serving, a store whose vectors another embedder (or text recipe)
+    made: a plain message instead of a failed start-up's traceback."""
+    from app.adapters import load_embedder
+    from app.runtime import build_memory
+
+    db = Database.open(settings.resolved_database_url())
+    try:
+        embedder = await load_embedder(settings)
+        await build_memory(settings, Repositories.of(db), embedder).check_model()
     finally:
         await db.dispose()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -68,10 +69,14 @@ def quantize_int8(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".onnx", delete=False) as tmp:
         tmp_path = Path(tmp.name)
+    # The quantiser logs a line per tensor it leaves alone (on the root logger): noise in
+    # a service's first start, not news.
+    logging.disable(logging.WARNING)
     try:
         quantize_dynamic(source, tmp_path, weight_type=QuantType.QInt8, per_channel=True)
         os.replace(tmp_path, target)
     finally:
+        logging.disable(logging.NOTSET)
         tmp_path.unlink(missing_ok=True)
 
 

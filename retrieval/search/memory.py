@@ -199,7 +199,8 @@ class TurnMemory:
                 raise EmbeddingModelMismatchError(
                     f"stored vectors were made by {model!r} (dimension {dimension}) but the "
                     f"configured embedder and turn text give {wanted[0]!r} (dimension "
-                    f"{wanted[1]}); run `memchat reindex` to re-embed every stored turn"
+                    f"{wanted[1]}); run `memchat reindex` to re-embed every stored turn, or "
+                    "configure the embedder that made them (MEMCHAT_EMBEDDER__*)"
                 )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
