@@ -76,3 +76,41 @@ async def test_a_constraint_stated_once_comes_back_first(
     app = create_app(quiet, embedder=real_embedder, engine=ScriptedEngine(["Noted."]))
     async with local_client(app) as client:
         assert await ranked(client, "new-user", turns, query) == order
+
+
+JOB_ZH = [
+    "我在一家医院当护士。",
+    "护士的工作很辛苦。",
+    "明天想去看电影。",
+    "可以看看新上映的片子。",
+]
+JOB_EN = [
+    "I work as a nurse at the city hospital.",
+    "Nursing is hard work, take care.",
+    "I want to see a film tomorrow.",
+    "Try the new release downtown.",
+]
+
+
+@pytest.mark.parametrize(
+    ("turns", "query", "order"),
+    [
+        # About the user: the user's own words first, the reply repeating them after.
+        (JOB_ZH, "我是做什么工作的？", [0, 1, 2, 3]),
+        (JOB_EN, "what work do I do?", [0, 1, 2, 3]),
+        # Not about the user: the order as found.
+        (JOB_ZH, "护士的工作怎么样？", [1, 2, 3, 0]),
+        (JOB_EN, "is nursing hard work?", [1, 2, 3, 0]),
+    ],
+)
+async def test_a_question_about_the_user_finds_their_words_before_the_reply(
+    settings: Settings,
+    real_embedder: Embedder,
+    turns: list[str],
+    query: str,
+    order: list[int],
+) -> None:
+    quiet = settings.model_copy(update={"facts": FactSettings(extractor="none")})
+    app = create_app(quiet, embedder=real_embedder, engine=ScriptedEngine(["Noted."]))
+    async with local_client(app) as client:
+        assert await ranked(client, "new-user", turns, query) == order

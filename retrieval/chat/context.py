@@ -213,7 +213,7 @@ class ContextBuilder:
                 scored, found = await asyncio.gather(turns, self._knowledge_for(state, vector))
             else:
                 scored, found = await turns, list(knowledge)
-            memories = await turn_hits(self._messages, user.id, scored)
+            memories = await turn_hits(self._messages, user.id, scored, content)
         places = place_pinned(pinned, view.summary, view.turns, state.session.created_at)
         return _Found(tuple(memories), tuple(found), places)
 

@@ -64,7 +64,7 @@ class MemorySearch:
         # With a session filter every hit is ranked; rows are read a page at a time.
         page = k if session_id is None else max(4 * k, 200)
         for start in range(0, len(scored), page):
-            hits = await turn_hits(self._messages, user.id, scored[start : start + page])
+            hits = await turn_hits(self._messages, user.id, scored[start : start + page], query)
             found += [h for h in hits if session_id is None or h.turn.session_id == session_id]
             if len(found) >= k:
                 break
