@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 import structlog
 
 from app.adapters import build_chroma_index, build_index, load_embedder, load_engine
@@ -36,7 +37,7 @@ from retrieval.prompt.reuse import PrefixTracker
 from retrieval.protocols import Embedder, Engine, StructuredEngine
 from retrieval.search.expansion import NeighbourConfig
 from retrieval.search.indexed_text import TextRecipe
-from retrieval.search.lexical import Feedback
+from retrieval.search.lexical import Feedback, load_segmenter
 from retrieval.search.memory import RetrievalConfig, TurnMemory
 from retrieval.window.keeper import WindowConfig, WindowKeeper
 from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer, Summarizer
@@ -223,6 +224,7 @@ async def build_runtime(
     memory = build_memory(settings, repositories, embedder)
     await memory.check_model()
     await memory.repair_unembedded()
+    await anyio.to_thread.run_sync(load_segmenter)
     knowledge = build_knowledge(settings, repositories, embedder)
     await knowledge.start()
     facts = FactMemory(

@@ -8,13 +8,16 @@ Tokens: Latin-script words are lower-cased, English stop words dropped and the r
 stemmed (Snowball), so "painted" matches "painting". Text without spaces (Chinese,
 Japanese, Korean) is cut into single characters and overlapping character pairs: 我对花生过敏
 yields 花, 生, 花生, ... and is found by 花生; pairs keep multi-character words ahead of
-texts that merely share their characters. Chinese function characters (的, 了, 什么, ...)
-are dropped as English stop words are (`STOP_CHARS`). Other scripts are split on word boundaries.
+texts that merely share their characters. Words of three characters or more that jieba's
+dictionary knows (猕猴桃, 坐地铁) are terms too, beside their characters and pairs.
+Chinese function characters (的, 了, 什么, ...) are dropped as English stop words are
+(`STOP_CHARS`). Other scripts are split on word boundaries.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 import re
 import unicodedata
@@ -23,6 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import jieba
 import numpy as np
 import snowballstemmer
 
@@ -54,6 +58,18 @@ STOP_CHARS = frozenset(
 
 _stemmer = snowballstemmer.stemmer("english")
 
+# jieba's dictionary (in its package) loads at the first Chinese text, or at `load_segmenter`.
+_segmenter = jieba.Tokenizer()
+logging.getLogger("jieba").setLevel(logging.WARNING)
+# Shorter words are already character pairs.
+MIN_WORD_CHARS = 3
+
+
+def load_segmenter() -> None:
+    """Load the Chinese dictionary now (about a second), not in the first request that
+    holds Chinese."""
+    _segmenter.initialize()
+
 
 @lru_cache(maxsize=65536)
 def _stem(word: str) -> str:
@@ -71,6 +87,12 @@ def tokenize(text: str) -> list[str]:
                 for i in range(len(piece) - 1)
                 if piece[i] not in STOP_CHARS or piece[i + 1] not in STOP_CHARS
             )
+            if len(piece) >= MIN_WORD_CHARS:
+                tokens.extend(
+                    word
+                    for word in _segmenter.cut_for_search(piece)
+                    if len(word) >= MIN_WORD_CHARS and any(c not in STOP_CHARS for c in word)
+                )
         elif piece not in STOP_WORDS:
             tokens.append(_stem(piece) if piece.isascii() else piece)
     return tokens
@@ -597,8 +619,9 @@ class LexicalIndex:
 # Snapshots: a scope's arrays in one file, so that a restart reopens a large history
 # without tokenising it again. Format: MAGIC, the SHA-256 of the payload, then the payload
 # (numpy's .npz). A file that fails its checksum or does not parse is not used.
-# Version 2: Chinese function characters are no longer terms (a version-1 file is rebuilt).
-SNAPSHOT_MAGIC = b"memchat-bm25-2\n"
+# Version 2: Chinese function characters are no longer terms; version 3: Chinese words of
+# three characters or more are (an earlier version's file is rebuilt).
+SNAPSHOT_MAGIC = b"memchat-bm25-3\n"
 
 
 def _concatenated(arrays: Sequence[np.ndarray], dtype: type) -> tuple[np.ndarray, np.ndarray]:
