@@ -114,3 +114,43 @@ async def test_a_question_about_the_user_finds_their_words_before_the_reply(
     app = create_app(quiet, embedder=real_embedder, engine=ScriptedEngine(["Noted."]))
     async with local_client(app) as client:
         assert await ranked(client, "new-user", turns, query) == order
+
+
+SISTER_EN = [
+    "My sister Anna lives in Lisbon.",
+    "Lisbon is lovely.",
+    "The printer at the office jammed again today.",
+    "Printers always break at the worst time.",
+]
+SISTER_ZH = [
+    "我妹妹住在里斯本。",
+    "里斯本很美。",
+    "办公室的打印机今天又卡纸了。",
+    "打印机总在最忙的时候坏。",
+]
+
+
+@pytest.mark.parametrize(
+    ("turns", "query", "order"),
+    [
+        (
+            SISTER_EN,
+            "The office printer jammed again, what a day... anyway, where does my sister live?",
+            [0, 1, 2, 3],
+        ),
+        (SISTER_ZH, "办公室的打印机又卡纸了，真烦。对了，我妹妹住在哪里？", [0, 1, 2, 3]),
+    ],
+)
+async def test_a_chatty_message_finds_what_its_last_question_asks(
+    settings: Settings,
+    real_embedder: Embedder,
+    turns: list[str],
+    query: str,
+    order: list[int],
+) -> None:
+    """The small talk before "anyway" / 对了 matches the printer turns word for word; the
+    question after it is what the message asks (retrieval/search/focus.py)."""
+    quiet = settings.model_copy(update={"facts": FactSettings(extractor="none")})
+    app = create_app(quiet, embedder=real_embedder, engine=ScriptedEngine(["Noted."]))
+    async with local_client(app) as client:
+        assert await ranked(client, "new-user", turns, query) == order

@@ -33,6 +33,7 @@ from retrieval.indexes.files import read_or_none, seal, unseal, write_atomic
 from retrieval.indexes.reconcile import reconcile
 from retrieval.protocols import Embedder, QueryEmbedder, ScoredId, VectorIndex
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
+from retrieval.search.focus import focus_of
 from retrieval.search.fusion import (
     drop_near_duplicates,
     reciprocal_rank_fusion,
@@ -127,6 +128,12 @@ def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
+def searched_text(query: str) -> str:
+    """What a query is searched with: the question a chatty message ends on after a
+    topic-shift marker (retrieval/search/focus.py), else the whole query."""
+    return focus_of(query) or query
+
+
 def in_session_order(turns: Sequence[Turn], earlier: Sequence[Turn] = ()) -> list[Turn]:
     """`turns` with the `earlier` turns their indexed texts need, each session in order."""
     ids = {t.id for t in turns}
@@ -218,6 +225,7 @@ class TurnMemory:
         """A search query's vector, with the vectors of the query's words that the user's
         search would otherwise embed (related words) made in the same call, so that the
         search itself embeds nothing."""
+        query = searched_text(query)
         words = self._neighbours.words_to_embed(user_pk, query)
         if isinstance(self._embedder, QueryEmbedder):
             vector = (await self.embed_queries([query]))[0]
@@ -241,6 +249,7 @@ class TurnMemory:
             return asked, mean_of_pieces(await self.embed(own), [len(own)])[0]
         if query is None:
             return None, mean_of_pieces(await self.embed(own), [len(own)])[0]
+        query = searched_text(query)
         words = self._neighbours.words_to_embed(turn.user_pk, query)
         vectors = await self.embed([query, *words, *own])
         self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
@@ -527,11 +536,14 @@ class TurnMemory:
     ) -> list[ScoredId]:
         """The user's best k turns for a query, less `exclude`, best first.
 
-        Without the query text only the vectors are searched. `version` is the user's
+        Without the query text only the vectors are searched; a chatty one is searched by
+        the question it ends on (`searched_text`, as its vector was made). `version` is the user's
         change count as read with the user's row: the scope is caught up to it first, so
         every turn any process acknowledged (or deleted) is found (or not).
         """
         await self.ensure_scope(user_pk, version)
+        if query is not None:
+            query = searched_text(query)
         config = self._config
         fetch = max(k, config.num_candidates)
         rankings: list[list[ScoredId]] = []
