@@ -23,6 +23,8 @@ second run finds nothing of the first in the engine's cache.
     .venv/bin/python bench/prefix_cache.py --start-vllm        # a local CPU server
     .venv/bin/python bench/prefix_cache.py --engine llamacpp   # the embedded engine
     .venv/bin/python bench/prefix_cache.py --engine llamacpp --locomo [--memory-max-tokens N]
+    .venv/bin/python bench/prefix_cache.py --start-vllm --locomo --layout stable \
+        --engine-timeout 300 [--max-model-len 8192]
 """
 
 from __future__ import annotations
@@ -188,6 +190,18 @@ def main() -> None:
         help="a LoCoMo conversation as the returning user (default file: the shared data)",
     )
     parser.add_argument("--memory-max-tokens", type=int, help="MEMCHAT_CHAT__MEMORY_MAX_TOKENS")
+    parser.add_argument(
+        "--layout",
+        choices=["both", "stable", "memories-first"],
+        default="both",
+        help="run one layout only (memories-first is slow on a CPU engine: nothing is cached)",
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=4096, help="the local vLLM server's context"
+    )
+    parser.add_argument(
+        "--engine-timeout", type=float, help="MEMCHAT_ENGINE__TIMEOUT_S (a slow CPU engine)"
+    )
     args = parser.parse_args()
     scenario = locomo(args.locomo) if args.locomo else scripted()
     results = {}
@@ -197,12 +211,17 @@ def main() -> None:
             urls = [
                 stack.enter_context(
                     local_vllm(
-                        Path(scratch) / "vllm.log", port=18731, enforce_eager=args.enforce_eager
+                        Path(scratch) / "vllm.log",
+                        port=18731,
+                        enforce_eager=args.enforce_eager,
+                        max_model_len=args.max_model_len,
                     )
                 )
             ]
         for stable in (True, False):
             label = "stable" if stable else "memories-first"
+            if args.layout not in ("both", label):
+                continue
             data_dir = Path(scratch) / label
             prompt_file = Path(scratch) / f"{label}.txt"
             system = (REPO / "app" / "prompts" / "system.txt").read_text(encoding="utf-8")
@@ -216,6 +235,8 @@ def main() -> None:
                 env["MEMCHAT_VLLM_URLS"] = ",".join(urls)
             if args.memory_max_tokens is not None:
                 env["MEMCHAT_CHAT__MEMORY_MAX_TOKENS"] = str(args.memory_max_tokens)
+            if args.engine_timeout is not None:
+                env["MEMCHAT_ENGINE__TIMEOUT_S"] = str(args.engine_timeout)
             process, url = start_server(data_dir, env)
             try:
                 rows = run_conversation(url, args.max_tokens, label, scenario)
