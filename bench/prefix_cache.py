@@ -13,8 +13,9 @@ sessions imported with their dates), and each of the 20 turns asks a question of
 data set whose evidence lies in another session, so that every turn retrieves memories
 the session has not shown yet. Per turn it also prints whether the evidence reaches the
 prompt: among the turn's own memories, or the earlier turns' still in the recent window.
-`--memory-max-tokens` sets the memory budget (`MEMCHAT_CHAT__MEMORY_MAX_TOKENS`), to
-weigh it against the cached share.
+`--memory-max-tokens` sets the memory budget (`MEMCHAT_CHAT__MEMORY_MAX_TOKENS`) and
+`--memory-min-tokens` a continuing turn's least (`MEMCHAT_CHAT__MEMORY_MIN_TOKENS`), to
+weigh them against the cached share.
 
 Each run gets a fresh data dir and a nonce at the start of the system prompt, so the
 second run finds nothing of the first in the engine's cache.
@@ -190,6 +191,7 @@ def main() -> None:
         help="a LoCoMo conversation as the returning user (default file: the shared data)",
     )
     parser.add_argument("--memory-max-tokens", type=int, help="MEMCHAT_CHAT__MEMORY_MAX_TOKENS")
+    parser.add_argument("--memory-min-tokens", type=int, help="MEMCHAT_CHAT__MEMORY_MIN_TOKENS")
     parser.add_argument(
         "--layout",
         choices=["both", "stable", "memories-first"],
@@ -235,6 +237,8 @@ def main() -> None:
                 env["MEMCHAT_VLLM_URLS"] = ",".join(urls)
             if args.memory_max_tokens is not None:
                 env["MEMCHAT_CHAT__MEMORY_MAX_TOKENS"] = str(args.memory_max_tokens)
+            if args.memory_min_tokens is not None:
+                env["MEMCHAT_CHAT__MEMORY_MIN_TOKENS"] = str(args.memory_min_tokens)
             if args.engine_timeout is not None:
                 env["MEMCHAT_ENGINE__TIMEOUT_S"] = str(args.engine_timeout)
             process, url = start_server(data_dir, env)
