@@ -63,7 +63,12 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], *, timeout_s: f
 
 @contextmanager
 def local_vllm(
-    log: Path, *, port: int, enforce_eager: bool, kv_cache_gib: int = 2, max_model_len: int = 4096
+    log: Path,
+    *,
+    port: int,
+    enforce_eager: bool,
+    kv_cache_gib: int = 2,
+    max_model_len: int | None = None,
 ) -> Iterator[str]:
     """A vLLM CPU server of the local environment (`make vllm`) on SmolLM2-135M; its URL."""
     sys.path.insert(0, str(REPO))
@@ -76,7 +81,7 @@ def local_vllm(
         port=port,
         enforce_eager=enforce_eager,
         kv_cache_gib=kv_cache_gib,
-        max_model_len=max_model_len,
+        **({} if max_model_len is None else {"max_model_len": max_model_len}),
     )
     process = vllm_local.start_server(python, model, options, log)
     url = f"http://127.0.0.1:{options.port}"

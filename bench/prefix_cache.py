@@ -199,7 +199,7 @@ def main() -> None:
         help="run one layout only (memories-first is slow on a CPU engine: nothing is cached)",
     )
     parser.add_argument(
-        "--max-model-len", type=int, default=4096, help="the local vLLM server's context"
+        "--max-model-len", type=int, help="the local vLLM server's context (default 8192)"
     )
     parser.add_argument(
         "--engine-timeout", type=float, help="MEMCHAT_ENGINE__TIMEOUT_S (a slow CPU engine)"

@@ -70,7 +70,7 @@ def key_preferring(engine: VllmEngine, url: str) -> str:
 
 async def test_model_and_context_window_come_from_the_server(engine: VllmEngine) -> None:
     assert engine.model_name == SERVED_MODEL
-    assert engine.context_window == 4096
+    assert engine.context_window == 8192
     assert await engine.check_health() == "ok (2/2 replicas)"
 
 

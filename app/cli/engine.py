@@ -61,6 +61,8 @@ def add_engine_commands(commands: Any) -> None:
         action.set_defaults(run=run)
         if name == "serve":
             action.add_argument("--port", type=int, default=8001)
-            action.add_argument("--max-model-len", type=int, default=4096)
+            action.add_argument(
+                "--max-model-len", type=int, default=vllm_local.ServerOptions().max_model_len
+            )
             action.add_argument("--kv-cache-gib", type=int, default=2)
             action.add_argument("--enforce-eager", action="store_true")
