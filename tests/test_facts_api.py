@@ -173,6 +173,14 @@ async def test_client_stated_facts_corrections_and_deletion_keep_history(
 
     assert (await client.delete(f"/v1/facts/{fact['id']}")).status_code == 204
     assert await facts_of(client, "bob") == []
+    # Deleted, it is gone for every change, and stays unchanged in its history.
+    for again in (
+        await client.patch(f"/v1/facts/{fact['id']}", json={}),
+        await client.patch(f"/v1/facts/{fact['id']}", json={"text": "Prefers feet"}),
+        await client.delete(f"/v1/facts/{fact['id']}"),
+    ):
+        assert again.status_code == 404
+        assert again.json()["detail"] == f"fact {fact['id']} not found"
     [deleted] = await facts_of(client, "bob", status="deleted", include="history")
     assert [(c["action"], c["actor"]) for c in deleted["history"]] == [
         ("created", "api"),

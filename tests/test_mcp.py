@@ -205,6 +205,9 @@ async def test_facts_are_listed_corrected_and_forgotten(keys: Keys, base_url: st
         )
         forgotten = await call(agent, "forget_fact", fact_id=fact["id"])
         assert (forgotten["id"], forgotten["status"]) == (fact["id"], "deleted")
+        assert await tool_error(agent, "correct_fact", fact_id=fact["id"], text="x") == (
+            f"Error executing tool correct_fact: fact {fact['id']} not found"
+        )
         assert await call(agent, "list_facts", user_id="bob") == {"facts": []}
         deleted = await call(agent, "list_facts", user_id="bob", status="deleted")
         assert [(f["id"], f["text"]) for f in deleted["facts"]] == [

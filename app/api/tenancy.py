@@ -14,7 +14,11 @@ from storage.records import Document, Fact, User
 
 
 def check_fact(principal: Principal, fact: Fact, user: User) -> None:
-    if user.tenant_id != principal.tenant_id:
+    """A fact the caller may correct or delete: its tenant's, and not deleted (a deleted
+    fact stays in its user's history, where listing with status=deleted shows it, but is
+    gone for every change, as a deleted resource answers 404; operators restore or edit
+    it through the admin API)."""
+    if user.tenant_id != principal.tenant_id or fact.status == "deleted":
         raise NotFoundError("fact", fact.id)
 
 
