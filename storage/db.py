@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 from sqlalchemy import event, text, update
 from sqlalchemy.engine import CursorResult, Result, make_url
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
@@ -25,6 +27,16 @@ from storage.models import ReadinessProbe, utc_now
 
 def sqlite_url(data_dir: Path) -> str:
     return f"sqlite+aiosqlite:///{data_dir / 'memchat.db'}"
+
+
+def json_loads(text: str | bytes) -> Any:
+    """A JSON column's value: decoded by msgspec (several times as fast as the standard
+    library, and a turn reads hundreds: its window's and its memories' id lists), or by
+    the standard library where msgspec refuses what it wrote (NaN, Infinity)."""
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return json.loads(text)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -46,14 +58,21 @@ def create_engine(url: str, *, timeout_s: float = 30.0, echo: bool = False) -> A
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, echo=echo, connect_args={"timeout": timeout_s})
+        engine = create_async_engine(
+            url, echo=echo, connect_args={"timeout": timeout_s}, json_deserializer=json_loads
+        )
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
     connect_args = {}
     if parsed.get_driver_name() == "asyncpg":
         connect_args = {"timeout": timeout_s, "command_timeout": timeout_s}
     return create_async_engine(
-        url, echo=echo, pool_pre_ping=True, pool_timeout=timeout_s, connect_args=connect_args
+        url,
+        echo=echo,
+        pool_pre_ping=True,
+        pool_timeout=timeout_s,
+        connect_args=connect_args,
+        json_deserializer=json_loads,
     )
 
 

@@ -88,6 +88,15 @@ _USER_FACTS = (
     )
     .order_by(FactRow.id)
 )
+_PINNED_FACTS = (
+    select(*record_columns(Fact, FactRow))
+    .where(
+        FactRow.user_pk == bindparam("user_pk"),
+        FactRow.status == "active",
+        FactRow.is_pinned.is_(True),
+    )
+    .order_by(FactRow.id)
+)
 
 
 class FactRepository:
@@ -99,6 +108,12 @@ class FactRepository:
             rows = await session.execute(
                 _USER_FACTS, {"user_pk": user_pk, "statuses": list(statuses)}
             )
+            return records_of(Fact, rows.all())
+
+    async def list_pinned_facts(self, user_pk: int) -> list[Fact]:
+        """A user's active pinned facts (every turn reads them), by id."""
+        async with self._db.transaction() as session:
+            rows = await session.execute(_PINNED_FACTS, {"user_pk": user_pk})
             return records_of(Fact, rows.all())
 
     async def get_fact(self, fact_id: int) -> tuple[Fact, User]:

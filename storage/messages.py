@@ -11,7 +11,7 @@ from sqlalchemy import Select, bindparam, func, or_, select
 from storage.db import Database
 from storage.models import Message, MessageEmbedding
 from storage.records import NewTurn, Session, Turn, record_columns, records_of, to_record
-from storage.sessions import known_external_ids, message_row
+from storage.sessions import WINDOW, known_external_ids, message_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +32,6 @@ def _select_turns() -> Select[Any]:
 
 # The reads of every turn, built once: building a statement costs more than SQLite
 # takes to run it.
-_WINDOW = (
-    _select_turns()
-    .where(Message.session_id == bindparam("session_id"), Message.seq > bindparam("after_seq"))
-    .order_by(Message.seq)
-)
 _BY_ID = _select_turns().where(
     Message.user_pk == bindparam("user_pk"), Message.id.in_(bindparam("ids", expanding=True))
 )
@@ -80,7 +75,7 @@ class MessageRepository:
     async def list_messages(
         self, session_id: str, *, limit: int | None = None, after_seq: int = 0
     ) -> list[Turn]:
-        query = _WINDOW if limit is None else _WINDOW.limit(limit)
+        query = WINDOW if limit is None else WINDOW.limit(limit)
         params = {"session_id": session_id, "after_seq": after_seq}
         async with self._db.transaction() as session:
             return records_of(Turn, (await session.execute(query, params)).all())

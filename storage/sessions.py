@@ -22,7 +22,16 @@ from storage.models import (
     utc_now,
 )
 from storage.models import User as UserRow
-from storage.records import NewTurn, Session, Summary, Turn, User, to_record
+from storage.records import (
+    NewTurn,
+    Session,
+    Summary,
+    Turn,
+    User,
+    record_columns,
+    records_of,
+    to_record,
+)
 from storage.users import get_or_add_user
 
 
@@ -46,6 +55,9 @@ class SessionState:
     summary: Summary
     has_shared_knowledge: bool = False
     has_own_knowledge: bool = False
+    # The messages after the summary's `through_seq`, oldest first, where they were read
+    # with the state (`get_state(..., with_window=True)`); None where they were not.
+    window: tuple[Turn, ...] | None = None
 
 
 def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
@@ -75,6 +87,12 @@ def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
 
 
 _STATE = _state_query()
+# A session's messages after a seq, oldest first: its window after a summary version.
+WINDOW = (
+    select(*record_columns(Turn, Message))
+    .where(Message.session_id == bindparam("session_id"), Message.seq > bindparam("after_seq"))
+    .order_by(Message.seq)
+)
 
 
 class SessionRepository:
@@ -109,9 +127,10 @@ class SessionRepository:
         state = await self.get_state(session_id)
         return state.session, state.user
 
-    async def get_state(self, session_id: str) -> SessionState:
+    async def get_state(self, session_id: str, *, with_window: bool = False) -> SessionState:
         """The session, its user, its current summary and the knowledge flags, in one
-        query."""
+        query; `with_window`: and, in the same transaction, the messages after the
+        summary (a turn's window as of the same instant)."""
         if not is_uuid(session_id):
             raise NotFoundError("session", session_id)
         async with self._db.transaction() as session:
@@ -120,12 +139,17 @@ class SessionRepository:
                 raise NotFoundError("session", session_id)
             chat, user, summary, has_shared, has_own = row
             current = Summary(session_id) if summary is None else to_record(Summary, summary)
+            window = None
+            if with_window:
+                params = {"session_id": session_id, "after_seq": current.through_seq}
+                window = tuple(records_of(Turn, (await session.execute(WINDOW, params)).all()))
             return SessionState(
                 to_record(Session, chat),
                 to_record(User, user),
                 current,
                 has_shared_knowledge=bool(has_shared),
                 has_own_knowledge=bool(has_own),
+                window=window,
             )
 
     async def list_sessions(

@@ -172,3 +172,24 @@ async def test_the_openapi_document_states_the_limits(tmp_path: Path, sqlite_url
     assert "pattern" in components["SessionCreate"]["properties"]["user_id"]
     facts = schema["paths"]["/v1/users/{user_id}/facts"]["post"]
     assert "415" in facts["responses"]
+
+
+def test_a_json_column_reads_what_the_standard_library_wrote() -> None:
+    """JSON columns are decoded by msgspec; what only the standard library writes and
+    reads (NaN, Infinity, integers past 64 bits) is still read as it was stored."""
+    import json
+    import math
+
+    from storage.db import json_loads
+
+    value = {
+        "ids": [1, 2, 3],
+        "big": 2**70,
+        "text": "花生\u2028x",
+        "nan": math.nan,
+        "inf": -math.inf,
+    }
+    decoded = json_loads(json.dumps(value, ensure_ascii=False))
+    assert math.isnan(decoded.pop("nan"))
+    assert decoded == {"ids": [1, 2, 3], "big": 2**70, "text": "花生\u2028x", "inf": -math.inf}
+    assert json_loads(b"[4, 5]") == [4, 5]

@@ -39,8 +39,8 @@ class ContextPreview:
         reported, but a caller's `clock` gets them (stages "embed", "search", "context")."""
         clock = clock or StageClock()
         content_tokens = await self._builder.check(content, params)
-        state = await session_of_tenant(self._sessions, session_id, tenant_id)
-        view = await self._windows.load(state.summary)
+        state = await session_of_tenant(self._sessions, session_id, tenant_id, with_window=True)
+        view = await self._windows.load(state.summary, state.window)
         with clock.stage("embed"):
             vector = await self._memory.embed_query(state.user.id, content)
         with clock.stage("context"):

@@ -244,8 +244,7 @@ class FactMemory:
 
     async def pinned(self, user_pk: int) -> list[Fact]:
         """Active pinned facts in prompt order: highest priority first, then oldest."""
-        facts = [f for f in await self._facts.list_facts(user_pk) if f.is_pinned]
-        return sorted(facts, key=fact_order)
+        return sorted(await self._facts.list_pinned_facts(user_pk), key=fact_order)
 
     async def search(self, user_pk: int, vector: np.ndarray, k: int) -> list[FactHit]:
         """Active facts by cosine similarity to the query, best first."""

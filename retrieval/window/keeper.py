@@ -107,12 +107,14 @@ class WindowKeeper:
         self._assembler = assembler
         self._config = config
 
-    async def load(self, summary: Summary) -> WindowView:
-        """The window after a summary version: every message after it, oldest first."""
-        turns = await self._messages.list_messages(
-            summary.session_id, after_seq=summary.through_seq
-        )
-        return WindowView(summary, tuple(current_notes(turns)))
+    async def load(self, summary: Summary, read: Sequence[Turn] | None = None) -> WindowView:
+        """The window after a summary version: every message after it, oldest first
+        (`read`: those messages, read with the summary)."""
+        if read is None:
+            read = await self._messages.list_messages(
+                summary.session_id, after_seq=summary.through_seq
+            )
+        return WindowView(summary, tuple(current_notes(read)))
 
     async def keep_within_budget(
         self,
