@@ -12,6 +12,8 @@ import random
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from llama_cpp import Llama
 
 from retrieval.engines.llamacpp import LINE_BREAK, LlamaCppEngine, default_model_path
@@ -24,7 +26,7 @@ from retrieval.prompt.render import (
     memory_text,
     with_note,
 )
-from retrieval.prompt.report import AssembledContext
+from retrieval.prompt.report import AssembledContext, shared_prefix
 from retrieval.turns import SearchHit
 from tests.records import chunk_hit, fact, hit
 
@@ -194,3 +196,22 @@ async def test_a_turn_tokenises_its_lines_once_and_never_its_context_block_whole
     assert context.report.prompt_tokens == len(reference.tokenize(prompt, special=True))
     assert await engine.prompt_tokens(context.messages) == reference.tokenize(prompt, special=True)
     await engine.close()
+
+
+@given(
+    st.lists(st.integers(0, 3), max_size=700),
+    st.lists(st.integers(0, 3), max_size=700),
+    st.integers(0, 700),
+)
+def test_the_shared_prefix_is_the_first_position_that_differs(
+    first: list[int], second: list[int], common: int
+) -> None:
+    """Compared a block at a time, the count is the item-by-item one (lists, or a list
+    and a tuple), blocks that agree included."""
+    second = first[:common] + second
+    expected = next(
+        (i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
+        min(len(first), len(second)),
+    )
+    assert shared_prefix(first, second) == expected
+    assert shared_prefix(tuple(first), second) == expected

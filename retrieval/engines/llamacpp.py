@@ -153,6 +153,8 @@ class LlamaCppEngine:
         self._tokenize_line = cache(maxsize=16_384)(self._text_tokens)
         self._join_lines = cache(maxsize=16_384)(self._joined_tokens)
         self._tokenize_template = cache(maxsize=256)(self._template_tokens)
+        # The template rendered with a placeholder per content depends only on the roles.
+        self._render_holders = cache(maxsize=1_024)(self._holder_pieces)
         metadata = self._llama.metadata
         self._is_line_piecewise = (
             metadata.get("tokenizer.ggml.model") == "gpt2"
@@ -233,12 +235,8 @@ class LlamaCppEngine:
         with a placeholder per content, then cut at the placeholders.
         """
         messages = prepare(messages, self._accepts_system, self._markers)
-        holders = [f"\ufffcmemchat{i}\ufffc" for i in range(len(messages))]
-        rendered = self._render_raw(
-            [ChatMessage(m.role, holder) for m, holder in zip(messages, holders, strict=True)]
-        )
-        pieces = _PLACEHOLDER.split(rendered)
-        if len(pieces) != 2 * len(messages) + 1:
+        pieces = self._render_holders(tuple(m.role for m in messages))
+        if pieces is None:
             # The template dropped or repeated a message: tokenise the rendering as it is.
             rendered = self._render_raw(messages)
             return self._llama.tokenize(rendered.encode("utf-8"), add_bos=True, special=True)
@@ -249,6 +247,19 @@ class LlamaCppEngine:
             elif piece:
                 tokens += self._tokenize_template(piece, position == 0)
         return tokens
+
+    def _holder_pieces(self, roles: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The template rendered with a placeholder for each message's content, cut at the
+        placeholders: template text, then a message's position, alternately (None where
+        the template does not render each content once, in order)."""
+        holders = [f"\ufffcmemchat{i}\ufffc" for i in range(len(roles))]
+        rendered = self._render_raw(
+            [ChatMessage(role, holder) for role, holder in zip(roles, holders, strict=True)]
+        )
+        pieces = _PLACEHOLDER.split(rendered)
+        if len(pieces) != 2 * len(roles) + 1 or pieces[1::2] != [str(i) for i in range(len(roles))]:
+            return None
+        return tuple(pieces)
 
     def _tokenize_text(self, text: str) -> tuple[int, ...]:
         """A text's tokens: joined from its lines' where the pre-tokeniser cuts the text

@@ -14,6 +14,7 @@ with the client's name quoted beside it.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -82,8 +83,16 @@ def speaker_label(role: str, name: str | None) -> str:
 
 def format_memory(hit: SearchHit) -> str:
     turn = hit.turn
-    stamp = turn.created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
-    return f"- [{stamp}] {speaker_label(turn.role, turn.name)}: {quote(turn.content)}"
+    return _memory_line(turn.created_at, turn.role, turn.name, turn.content)
+
+
+# A turn's line is written for every turn that ranks among a search's candidates (about
+# fifty a turn, each weighed against the memory budget): the lines of turns that rank
+# again are kept.
+@functools.lru_cache(maxsize=16_384)
+def _memory_line(created_at: dt.datetime, role: str, name: str | None, content: str) -> str:
+    stamp = created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
+    return f"- [{stamp}] {speaker_label(role, name)}: {quote(content)}"
 
 
 def format_knowledge(hit: KnowledgeHit) -> str:

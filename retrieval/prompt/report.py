@@ -60,9 +60,20 @@ class AssembledContext:
     report: ContextReport
 
 
+# Items compared at once by `shared_prefix`.
+_BLOCK = 256
+
+
 def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    """How many leading items two sequences share."""
-    for position, (a, b) in enumerate(zip(first, second, strict=False)):
-        if a != b:
-            return position
-    return min(len(first), len(second))
+    """How many leading items two sequences share: compared a block at a time (a slice
+    comparison runs in C), then item by item inside the first block that differs."""
+    length = min(len(first), len(second))
+    start = 0
+    while start < length:
+        stop = min(length, start + _BLOCK)
+        if first[start:stop] != second[start:stop]:
+            for position in range(start, stop):
+                if first[position] != second[position]:
+                    return position
+        start = stop
+    return length

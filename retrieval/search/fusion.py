@@ -11,7 +11,8 @@ typical hit a candidate stands), every candidate is scored by every retriever ex
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -85,26 +86,42 @@ def drop_near_duplicates(
     similarity >= threshold with a better hit already kept. Empty fingerprints never match.
 
     Two sets whose sizes differ by more than the threshold allows cannot match (their
-    Jaccard similarity is at most the smaller size over the larger), so only kept sets
-    of a near size are compared: with k = 50 that is a few pairs, not 1,225.
+    Jaccard similarity is at most the smaller size over the larger), so the kept sets are
+    held by size and only those of a near size are compared: with k = 50 that is a few
+    pairs, not 1,225, and no loop over the others.
     """
     kept: list[ScoredId] = []
-    seen: list[tuple[int, frozenset[Hashable]]] = []
+    seen: dict[int, list[frozenset[Hashable]]] = {}
     for hit in hits:
         if len(kept) >= k:
             break
         terms = fingerprint(hit.id)
         size = len(terms)
         if terms and any(
-            min(size, length) / max(size, length) >= threshold
-            and jaccard(terms, other) >= threshold
-            for length, other in seen
+            jaccard(terms, other) >= threshold
+            for length in _near_sizes(size, threshold, seen)
+            for other in seen[length]
         ):
             continue
         kept.append(hit)
         if terms:
-            seen.append((size, terms))
+            seen.setdefault(size, []).append(terms)
     return kept
+
+
+def _near_sizes(size: int, threshold: float, seen: Mapping[int, object]) -> list[int]:
+    """The sizes held in `seen` whose sets may reach `threshold` with a set of `size`
+    (min / max of the two sizes at least the threshold), found by trying the few sizes
+    around `size` rather than every size held."""
+    if threshold <= 0:
+        return list(seen)
+    low = max(1, math.floor(size * threshold))
+    high = math.ceil(size / threshold)
+    if high - low >= len(seen):
+        candidates: Iterable[int] = seen
+    else:
+        candidates = (length for length in range(low, high + 1) if length in seen)
+    return [length for length in candidates if min(size, length) / max(size, length) >= threshold]
 
 
 def jaccard(first: frozenset[Hashable], second: frozenset[Hashable]) -> float:
