@@ -88,7 +88,8 @@ _USER_FACTS = (
     )
     .order_by(FactRow.id)
 )
-_PINNED_FACTS = (
+# A user's active pinned facts, by id (every turn reads them).
+PINNED_FACTS = (
     select(*record_columns(Fact, FactRow))
     .where(
         FactRow.user_pk == bindparam("user_pk"),
@@ -113,7 +114,7 @@ class FactRepository:
     async def list_pinned_facts(self, user_pk: int) -> list[Fact]:
         """A user's active pinned facts (every turn reads them), by id."""
         async with self._db.transaction() as session:
-            rows = await session.execute(_PINNED_FACTS, {"user_pk": user_pk})
+            rows = await session.execute(PINNED_FACTS, {"user_pk": user_pk})
             return records_of(Fact, rows.all())
 
     async def get_fact(self, fact_id: int) -> tuple[Fact, User]:

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from storage.db import Database
 from storage.embeddings import bump_memory_versions
 from storage.errors import NotFoundError
+from storage.facts import PINNED_FACTS
 from storage.models import (
     ChatSession,
     KnowledgeDocument,
@@ -23,6 +24,7 @@ from storage.models import (
 )
 from storage.models import User as UserRow
 from storage.records import (
+    Fact,
     NewTurn,
     Session,
     Summary,
@@ -55,9 +57,11 @@ class SessionState:
     summary: Summary
     has_shared_knowledge: bool = False
     has_own_knowledge: bool = False
-    # The messages after the summary's `through_seq`, oldest first, where they were read
-    # with the state (`get_state(..., with_window=True)`); None where they were not.
+    # What a turn reads with the state (`get_state(..., for_turn=True)`; None where they
+    # were not read): the messages after the summary's `through_seq`, oldest first, and
+    # the user's active pinned facts, by id.
     window: tuple[Turn, ...] | None = None
+    pinned_facts: tuple[Fact, ...] | None = None
 
 
 def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
@@ -127,10 +131,11 @@ class SessionRepository:
         state = await self.get_state(session_id)
         return state.session, state.user
 
-    async def get_state(self, session_id: str, *, with_window: bool = False) -> SessionState:
+    async def get_state(self, session_id: str, *, for_turn: bool = False) -> SessionState:
         """The session, its user, its current summary and the knowledge flags, in one
-        query; `with_window`: and, in the same transaction, the messages after the
-        summary (a turn's window as of the same instant)."""
+        query; `for_turn`: and, in the same transaction (as of the same instant), what a
+        turn reads with them: the messages after the summary (its window) and the user's
+        active pinned facts."""
         if not is_uuid(session_id):
             raise NotFoundError("session", session_id)
         async with self._db.transaction() as session:
@@ -139,10 +144,12 @@ class SessionRepository:
                 raise NotFoundError("session", session_id)
             chat, user, summary, has_shared, has_own = row
             current = Summary(session_id) if summary is None else to_record(Summary, summary)
-            window = None
-            if with_window:
+            window = pinned = None
+            if for_turn:
                 params = {"session_id": session_id, "after_seq": current.through_seq}
                 window = tuple(records_of(Turn, (await session.execute(WINDOW, params)).all()))
+                rows = await session.execute(PINNED_FACTS, {"user_pk": user.id})
+                pinned = tuple(records_of(Fact, rows.all()))
             return SessionState(
                 to_record(Session, chat),
                 to_record(User, user),
@@ -150,6 +157,7 @@ class SessionRepository:
                 has_shared_knowledge=bool(has_shared),
                 has_own_knowledge=bool(has_own),
                 window=window,
+                pinned_facts=pinned,
             )
 
     async def list_sessions(

@@ -124,7 +124,11 @@ class ContextBuilder:
         search and the plan are done again for it.
         """
         budget = self.budget(params)
-        pinned = await self._facts.pinned(state.user.id) if self._facts is not None else []
+        pinned = (
+            await self._facts.pinned(state.user.id, state.pinned_facts)
+            if self._facts is not None
+            else []
+        )
         found = await self._find(state, view, vector, content, pinned, clock)
         plan = await self._assembler.plan(
             self._sections(found, view, content, instructions), self._turn_budget(budget, view)

@@ -39,7 +39,7 @@ class ContextPreview:
         reported, but a caller's `clock` gets them (stages "embed", "search", "context")."""
         clock = clock or StageClock()
         content_tokens = await self._builder.check(content, params)
-        state = await session_of_tenant(self._sessions, session_id, tenant_id, with_window=True)
+        state = await session_of_tenant(self._sessions, session_id, tenant_id, for_turn=True)
         view = await self._windows.load(state.summary, state.window)
         with clock.stage("embed"):
             vector = await self._memory.embed_query(state.user.id, content)

@@ -52,12 +52,12 @@ class SessionLocks:
 
 
 async def session_of_tenant(
-    sessions: SessionRepository, session_id: str, tenant_id: int, *, with_window: bool = False
+    sessions: SessionRepository, session_id: str, tenant_id: int, *, for_turn: bool = False
 ) -> SessionState:
-    """The session with its user and summary (`with_window`: and its window's messages);
-    another tenant's is as missing as none (the same 404, so ids reveal nothing across
-    tenants)."""
-    state = await sessions.get_state(session_id, with_window=with_window)
+    """The session with its user and summary (`for_turn`: and its window's messages and
+    the user's pinned facts); another tenant's is as missing as none (the same 404, so
+    ids reveal nothing across tenants)."""
+    state = await sessions.get_state(session_id, for_turn=for_turn)
     if state.user.tenant_id != tenant_id:
         raise NotFoundError("session", session_id)
     return state

@@ -127,7 +127,7 @@ class ChatTurn:
     ) -> AsyncIterator[TurnEvent]:
         clock = StageClock()  # the turn's total includes waiting for the session's lock
         async with self._locks.hold(session_id):
-            state = await session_of_tenant(self._sessions, session_id, tenant_id, with_window=True)
+            state = await session_of_tenant(self._sessions, session_id, tenant_id, for_turn=True)
             view = await self._windows.load(state.summary, state.window)
             sent_at = _now()
             pending = Turn(
