@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Select, bindparam, func, or_, select
+from sqlalchemy import bindparam, func, or_, select
 
 from storage.db import Database
 from storage.models import Message, MessageEmbedding
-from storage.records import NewTurn, Session, Turn, record_columns, records_of, to_record
-from storage.sessions import WINDOW, known_external_ids, message_row
+from storage.records import NewTurn, Session, Turn, records_of, to_record
+from storage.sessions import WINDOW, known_external_ids, message_row, select_turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,15 +23,9 @@ def _turns(rows: Sequence[Message]) -> list[Turn]:
     return [to_record(Turn, row) for row in rows]
 
 
-def _select_turns() -> Select[Any]:
-    """The columns of a turn, selected as they are: reads build records from plain rows,
-    without the ORM's objects (about half the time of a window's read)."""
-    return select(*record_columns(Turn, Message))
-
-
 # The reads of every turn, built once: building a statement costs more than SQLite
 # takes to run it.
-_BY_ID = _select_turns().where(
+_BY_ID = select_turns().where(
     Message.user_pk == bindparam("user_pk"), Message.id.in_(bindparam("ids", expanding=True))
 )
 
@@ -86,7 +79,7 @@ class MessageRepository:
         if limit <= 0:
             return []
         query = (
-            _select_turns()
+            select_turns()
             .where(Message.session_id == session_id)
             .order_by(Message.seq.desc())
             .limit(limit)
@@ -106,7 +99,7 @@ class MessageRepository:
         """Every message of a user, each session's in order (to build derived indexes)."""
         async with self._db.transaction() as session:
             rows = await session.execute(
-                _select_turns()
+                select_turns()
                 .where(Message.user_pk == user_pk)
                 .order_by(Message.session_id, Message.seq)
             )
@@ -127,7 +120,7 @@ class MessageRepository:
         )
         async with self._db.transaction() as session:
             rows = await session.execute(
-                _select_turns().where(condition).order_by(Message.session_id, Message.seq)
+                select_turns().where(condition).order_by(Message.session_id, Message.seq)
             )
             return records_of(Turn, rows.all())
 
@@ -135,7 +128,7 @@ class MessageRepository:
         """Messages stored without a vector (a crash between the two writes)."""
         async with self._db.transaction() as session:
             rows = await session.execute(
-                _select_turns()
+                select_turns()
                 .outerjoin(MessageEmbedding, MessageEmbedding.message_id == Message.id)
                 .where(MessageEmbedding.message_id.is_(None))
                 .order_by(Message.id)
@@ -147,7 +140,7 @@ class MessageRepository:
         self, after_id: int, limit: int, *, user_pk: int | None = None
     ) -> list[Turn]:
         """Messages in id order after `after_id` (of one user when given), a page at a time."""
-        query = _select_turns().where(Message.id > after_id)
+        query = select_turns().where(Message.id > after_id)
         if user_pk is not None:
             query = query.where(Message.user_pk == user_pk)
         async with self._db.transaction() as session:

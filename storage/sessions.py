@@ -91,9 +91,17 @@ def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
 
 
 _STATE = _state_query()
+
+
+def select_turns() -> Select[Any]:
+    """The columns of a turn, selected as they are: reads build records from plain rows,
+    without the ORM's objects (about half the time of a window's read)."""
+    return select(*record_columns(Turn, Message))
+
+
 # A session's messages after a seq, oldest first: its window after a summary version.
 WINDOW = (
-    select(*record_columns(Turn, Message))
+    select_turns()
     .where(Message.session_id == bindparam("session_id"), Message.seq > bindparam("after_seq"))
     .order_by(Message.seq)
 )

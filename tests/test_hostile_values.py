@@ -6,6 +6,8 @@ setting stated in the OpenAPI document. On SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import ChatSettings, Settings
+from storage.db import json_loads
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_errors import assert_problem
@@ -177,11 +180,6 @@ async def test_the_openapi_document_states_the_limits(tmp_path: Path, sqlite_url
 def test_a_json_column_reads_what_the_standard_library_wrote() -> None:
     """JSON columns are decoded by msgspec; what only the standard library writes and
     reads (NaN, Infinity, integers past 64 bits) is still read as it was stored."""
-    import json
-    import math
-
-    from storage.db import json_loads
-
     value = {
         "ids": [1, 2, 3],
         "big": 2**70,
