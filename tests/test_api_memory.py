@@ -157,7 +157,7 @@ async def test_context_preview_stores_and_generates_nothing(
     assert last.endswith(f"{CONTEXT_CLOSE}\nsnack ideas? I am allergic to some things")
     assert preview["context"]["memories"][0]["text"] == "I am allergic to peanuts"
     assert f"{MEMORY_HEADER}\n- [" in last
-    assert '- [2026-01-05 10:00] user (name "Alice"): "I am allergic to peanuts"' in last
+    assert '- [5 Jan 2026] user (name "Alice"): "I am allergic to peanuts"' in last
     tokens = preview["context"]["tokens"]
     assert preview["context"]["prompt_tokens"] <= preview["context"]["context_window"] - 256
     assert tokens["recent"] > 0 and tokens["memories"] > 0

@@ -268,11 +268,11 @@ async def test_memories_fill_their_budget_and_later_turns_add_what_the_window_le
         first = (await client.post(url, json={"content": "which trail was steep?"})).json()
         second = (await client.post(url, json={"content": "and which was long?"})).json()
     # The scripted engine counts words: the header is 10 words (12 with its breaks), each
-    # memory line `- [2026-.. ..:..] user: "trail N was steep"` 8 words (9 with its break).
-    assert len(first["context"]["memories"]) == (120 - 12) // 9
-    assert first["context"]["tokens"]["memories"] == 10 + 8 * 12
+    # memory line `- [5 Jan 2026] user: "trail N was steep"` 9 words (10 with its break).
+    assert len(first["context"]["memories"]) == (120 - 12) // 10
+    assert first["context"]["tokens"]["memories"] == 10 + 9 * 10
     # The window shows turn 1's note (more than the budget less the minimum), so turn 2
     # has its minimum.
-    assert len(second["context"]["memories"]) == (40 - 12) // 9
+    assert len(second["context"]["memories"]) == (40 - 12) // 10
     shown_first = {m["id"] for m in first["context"]["memories"]}
     assert shown_first.isdisjoint(m["id"] for m in second["context"]["memories"])

@@ -72,8 +72,7 @@ async def test_layout_is_one_system_message_then_alternating_turns(
     assert [m.role for m in context.messages] == ["system", "user", "assistant", "user"]
     assert context.messages[0].content == "be helpful"
     block = (
-        f"{CONTEXT_OPEN}\n\n{MEMORY_HEADER}\n"
-        f'- [2026-01-05 10:00] user: "I like tea"\n\n{CONTEXT_CLOSE}'
+        f'{CONTEXT_OPEN}\n\n{MEMORY_HEADER}\n- [5 Jan 2026] user: "I like tea"\n\n{CONTEXT_CLOSE}'
     )
     assert context.messages[-1].content == f"{block}\nwhat now"
     report = context.report
@@ -82,7 +81,7 @@ async def test_layout_is_one_system_message_then_alternating_turns(
     sections = report.sections
     assert sections.system == 2
     assert sections.recent == 3 + 3
-    assert sections.memories == words(f'{MEMORY_HEADER}\n- [2026-01-05 10:00] user: "I like tea"')
+    assert sections.memories == words(f'{MEMORY_HEADER}\n- [5 Jan 2026] user: "I like tea"')
     # The new message's part: its words and the context's frame lines.
     assert sections.new_message == 2 + words(CONTEXT_OPEN) + words(CONTEXT_CLOSE)
     assert sections.template == 4 * 3 + 2
@@ -136,9 +135,9 @@ async def test_memories_take_at_most_their_share_best_first(assembler: ContextAs
         recent=[],
         budget=ContextBudget(200, reply_tokens=50, memory_share=0.25),
     )
-    # 37 tokens: the header costs 10 + 2 and each memory line 14 + 1, so two do not fit.
+    # 37 tokens: the header costs 10 + 2 and each memory line 15 + 1, so two do not fit.
     assert [m.turn.id for m in context.report.memories] == [1]
-    assert context.report.sections.memories == 10 + 14
+    assert context.report.sections.memories == 10 + 15
 
 
 async def test_a_message_that_alone_exceeds_the_window_is_refused(
@@ -169,7 +168,7 @@ async def test_unstable_layout_puts_the_turns_context_in_the_system_message() ->
     assert context.messages[-1].content == "what now"
     sections = context.report.sections
     assert sections.recent == 3 + 3
-    assert sections.memories == words(f'{MEMORY_HEADER}\n- [2026-01-05 10:00] user: "I like tea"')
+    assert sections.memories == words(f'{MEMORY_HEADER}\n- [5 Jan 2026] user: "I like tea"')
     assert sections.new_message == 2
     assert sum(vars_of(sections).values()) == context.report.prompt_tokens
 
@@ -188,7 +187,7 @@ async def test_the_window_gets_the_shares_the_other_sections_leave_unused(
     room = 138 - words(context_block([], tea, []))
     assert await window_room(assembler, new_message="hi there", memories=tea, budget=budget) == room
     # A window of exactly that room is kept whole, and the prompt is then exactly full.
-    assert room == 87
+    assert room == 86
     fits = [turn(1, room - 3 * 23 - 3), *(turn(i, 20) for i in range(2, 5))]
     context = await assemble(
         assembler, new_message="hi there", memories=tea, recent=fits, budget=budget
@@ -212,6 +211,6 @@ async def test_memories_take_at_most_their_token_cap_whatever_the_share(
     budget = ContextBudget(200, reply_tokens=50, memory_share=1.0, memory_max_tokens=45)
     assert budget.memory_tokens == 45
     context = await assemble(assembler, new_message="hi", memories=memories, budget=budget)
-    # The header costs 10 + 2 and each memory line 14 + 1: two lines fit 45 tokens.
+    # The header costs 10 + 2 and each memory line 15 + 1: two lines fit 45 tokens.
     assert [m.turn.id for m in context.report.memories] == [1, 2]
-    assert context.report.sections.memories == 10 + 2 * 14
+    assert context.report.sections.memories == 10 + 2 * 15

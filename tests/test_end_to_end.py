@@ -148,7 +148,7 @@ async def test_additive_prompt_count_matches_the_rendered_prompt(real_engine: En
         ChatMessage("system", "You remember things."),
         ChatMessage("user", "我叫小明，我今年6岁了。"),
         ChatMessage("assistant", "Nice to meet you, Xiao Ming!"),
-        ChatMessage("system", "Memories:\n- [2026-01-05 10:00] user: 我对花生过敏"),
+        ChatMessage("system", "Memories:\n- [5 Jan 2026] user: 我对花生过敏"),
         ChatMessage("user", "  leading and trailing spaces  "),
     ]
     for size in range(1, len(conversation) + 1):

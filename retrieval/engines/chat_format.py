@@ -26,7 +26,7 @@ PROBE = (
     ChatMessage("system", "Be brief, friendly; answer in English or 中文."),
     ChatMessage("user", "I'm Xiao Ming, 我今年6岁了. Peanuts? 我对花生过敏!"),
     ChatMessage("assistant", "Noted: no peanuts (花生) for you."),
-    ChatMessage("user", 'Memories:\n- [2026-01-05 10:00] user: "I like tea"\n\nA snack?'),
+    ChatMessage("user", 'Memories:\n- [5 Jan 2026] user: "I like tea"\n\nA snack?'),
 )
 
 

@@ -70,9 +70,19 @@ HISTORY_OPENING = "[memchat] Earlier messages of this conversation are left out.
 _BULLET = re.compile(r"^[-*•]\s+")
 
 
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def day_of(moment: dt.datetime) -> str:
+    """The UTC day of a stored moment, as "8 May 2023": about 7 tokens where the ISO
+    "2023-05-08 13:56" takes 16 (tokenizers cut digits one by one), so that a memory
+    line costs less of the budget; month names fixed, not the locale's."""
+    day = moment.astimezone(dt.UTC)
+    return f"{day.day} {_MONTHS[day.month - 1]} {day.year}"
+
+
 def format_fact(fact: Fact) -> str:
-    stated = fact.valid_from.astimezone(dt.UTC).strftime("%Y-%m-%d")
-    return f"- {quote(fact.text)} (stated {stated})"
+    return f"- {quote(fact.text)} (stated {day_of(fact.valid_from)})"
 
 
 def speaker_label(role: str, name: str | None) -> str:
@@ -91,8 +101,7 @@ def format_memory(hit: SearchHit) -> str:
 # again are kept.
 @functools.lru_cache(maxsize=16_384)
 def _memory_line(created_at: dt.datetime, role: str, name: str | None, content: str) -> str:
-    stamp = created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
-    return f"- [{stamp}] {speaker_label(role, name)}: {quote(content)}"
+    return f"- [{day_of(created_at)}] {speaker_label(role, name)}: {quote(content)}"
 
 
 def format_knowledge(hit: KnowledgeHit) -> str:
