@@ -243,7 +243,6 @@ async def build_runtime(
         engine, system_prompt, stable_layout=settings.chat.stable_layout
     )
     windows = WindowKeeper(
-        repositories.messages,
         repositories.summaries,
         build_summarizer(settings, engine),
         assembler,

@@ -57,11 +57,16 @@ class SessionState:
     summary: Summary
     has_shared_knowledge: bool = False
     has_own_knowledge: bool = False
-    # What a turn reads with the state (`get_state(..., for_turn=True)`; None where they
-    # were not read): the messages after the summary's `through_seq`, oldest first, and
-    # the user's active pinned facts, by id.
-    window: tuple[Turn, ...] | None = None
-    pinned_facts: tuple[Fact, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnState(SessionState):
+    """The state and what a turn reads with it, in the same transaction (as of the same
+    instant): the messages after the summary's `through_seq` (its window), oldest first,
+    and the user's active pinned facts, by id."""
+
+    window: tuple[Turn, ...]
+    pinned_facts: tuple[Fact, ...]
 
 
 def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
@@ -91,6 +96,21 @@ def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
 
 
 _STATE = _state_query()
+
+
+async def _state_row(
+    session: AsyncSession, session_id: str
+) -> tuple[ChatSession, UserRow, Summary, bool, bool]:
+    """The state's row of a session (its summary the empty version 0 before the first
+    compaction); NotFoundError for none."""
+    if not is_uuid(session_id):
+        raise NotFoundError("session", session_id)
+    row = (await session.execute(_STATE, {"session_id": session_id})).first()
+    if row is None:
+        raise NotFoundError("session", session_id)
+    chat, user, summary, has_shared, has_own = row
+    current = Summary(session_id) if summary is None else to_record(Summary, summary)
+    return chat, user, current, bool(has_shared), bool(has_own)
 
 
 def select_turns() -> Select[Any]:
@@ -139,33 +159,37 @@ class SessionRepository:
         state = await self.get_state(session_id)
         return state.session, state.user
 
-    async def get_state(self, session_id: str, *, for_turn: bool = False) -> SessionState:
+    async def get_state(self, session_id: str) -> SessionState:
         """The session, its user, its current summary and the knowledge flags, in one
-        query; `for_turn`: and, in the same transaction (as of the same instant), what a
-        turn reads with them: the messages after the summary (its window) and the user's
-        active pinned facts."""
-        if not is_uuid(session_id):
-            raise NotFoundError("session", session_id)
+        query."""
         async with self._db.transaction() as session:
-            row = (await session.execute(_STATE, {"session_id": session_id})).first()
-            if row is None:
-                raise NotFoundError("session", session_id)
-            chat, user, summary, has_shared, has_own = row
-            current = Summary(session_id) if summary is None else to_record(Summary, summary)
-            window = pinned = None
-            if for_turn:
-                params = {"session_id": session_id, "after_seq": current.through_seq}
-                window = tuple(records_of(Turn, (await session.execute(WINDOW, params)).all()))
-                rows = await session.execute(PINNED_FACTS, {"user_pk": user.id})
-                pinned = tuple(records_of(Fact, rows.all()))
+            chat, user, summary, has_shared, has_own = await _state_row(session, session_id)
             return SessionState(
                 to_record(Session, chat),
                 to_record(User, user),
-                current,
-                has_shared_knowledge=bool(has_shared),
-                has_own_knowledge=bool(has_own),
-                window=window,
-                pinned_facts=pinned,
+                summary,
+                has_shared_knowledge=has_shared,
+                has_own_knowledge=has_own,
+            )
+
+    async def get_turn_state(self, session_id: str) -> TurnState:
+        """As `get_state`, and in the same transaction what a turn reads with it: the
+        messages after the summary (its window) and the user's active pinned facts."""
+        async with self._db.transaction() as session:
+            chat, user, summary, has_shared, has_own = await _state_row(session, session_id)
+            params = {"session_id": session_id, "after_seq": summary.through_seq}
+            window = records_of(Turn, (await session.execute(WINDOW, params)).all())
+            pinned = records_of(
+                Fact, (await session.execute(PINNED_FACTS, {"user_pk": user.id})).all()
+            )
+            return TurnState(
+                to_record(Session, chat),
+                to_record(User, user),
+                summary,
+                has_shared_knowledge=has_shared,
+                has_own_knowledge=has_own,
+                window=tuple(window),
+                pinned_facts=tuple(pinned),
             )
 
     async def list_sessions(

@@ -32,7 +32,7 @@ from retrieval.turns import SearchHit
 from retrieval.window.keeper import WindowKeeper, WindowView
 from storage.messages import MessageRepository
 from storage.records import Fact
-from storage.sessions import SessionState
+from storage.sessions import SessionState, TurnState
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ class ContextBuilder:
 
     async def build(
         self,
-        state: SessionState,
+        state: TurnState,
         view: WindowView,
         vector: np.ndarray,
         content: str,
@@ -124,11 +124,7 @@ class ContextBuilder:
         search and the plan are done again for it.
         """
         budget = self.budget(params)
-        pinned = (
-            await self._facts.pinned(state.user.id, state.pinned_facts)
-            if self._facts is not None
-            else []
-        )
+        pinned = sorted(state.pinned_facts, key=fact_order) if self._facts is not None else []
         found = await self._find(state, view, vector, content, pinned, clock)
         plan = await self._assembler.plan(
             self._sections(found, view, content, instructions), self._turn_budget(budget, view)

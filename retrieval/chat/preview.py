@@ -4,7 +4,7 @@ build as a turn's (`ContextBuilder`), its summary version and note left unstored
 from __future__ import annotations
 
 from retrieval.chat.context import ContextBuilder
-from retrieval.chat.sessions import session_of_tenant
+from retrieval.chat.sessions import turn_state_of_tenant
 from retrieval.chat.timing import StageClock
 from retrieval.prompt.report import AssembledContext
 from retrieval.protocols import SamplingParams
@@ -39,8 +39,8 @@ class ContextPreview:
         reported, but a caller's `clock` gets them (stages "embed", "search", "context")."""
         clock = clock or StageClock()
         content_tokens = await self._builder.check(content, params)
-        state = await session_of_tenant(self._sessions, session_id, tenant_id, for_turn=True)
-        view = await self._windows.load(state.summary, state.window)
+        state = await turn_state_of_tenant(self._sessions, session_id, tenant_id)
+        view = self._windows.load(state)
         with clock.stage("embed"):
             vector = await self._memory.embed_query(state.user.id, content)
         with clock.stage("context"):

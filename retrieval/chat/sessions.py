@@ -8,7 +8,7 @@ import json
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from retrieval.chat.config import ChatConfig
 from retrieval.errors import InvalidInputError, SessionBusyError
@@ -17,7 +17,9 @@ from retrieval.search.memory import TurnMemory
 from storage.errors import LockTimeoutError, NotFoundError
 from storage.locks import SessionLockRepository
 from storage.records import Session, User
-from storage.sessions import SessionRepository, SessionState
+from storage.sessions import SessionRepository, SessionState, TurnState
+
+_State = TypeVar("_State", bound=SessionState)
 
 
 class SessionLocks:
@@ -52,14 +54,23 @@ class SessionLocks:
 
 
 async def session_of_tenant(
-    sessions: SessionRepository, session_id: str, tenant_id: int, *, for_turn: bool = False
+    sessions: SessionRepository, session_id: str, tenant_id: int
 ) -> SessionState:
-    """The session with its user and summary (`for_turn`: and its window's messages and
-    the user's pinned facts); another tenant's is as missing as none (the same 404, so
-    ids reveal nothing across tenants)."""
-    state = await sessions.get_state(session_id, for_turn=for_turn)
+    """The session with its user and summary; another tenant's is as missing as none
+    (the same 404, so ids reveal nothing across tenants)."""
+    return of_tenant(await sessions.get_state(session_id), tenant_id)
+
+
+async def turn_state_of_tenant(
+    sessions: SessionRepository, session_id: str, tenant_id: int
+) -> TurnState:
+    """As `session_of_tenant`, with what a turn reads with it (`get_turn_state`)."""
+    return of_tenant(await sessions.get_turn_state(session_id), tenant_id)
+
+
+def of_tenant(state: _State, tenant_id: int) -> _State:
     if state.user.tenant_id != tenant_id:
-        raise NotFoundError("session", session_id)
+        raise NotFoundError("session", state.session.id)
     return state
 
 

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from retrieval.chat.config import ChatConfig, check_text
 from retrieval.chat.context import ContextBuilder
 from retrieval.chat.events import TurnEvent, TurnResult, TurnStarted
-from retrieval.chat.sessions import SessionLocks, session_of_tenant
+from retrieval.chat.sessions import SessionLocks, turn_state_of_tenant
 from retrieval.chat.timing import StageClock
 from retrieval.engines.routing import Route, current_route
 from retrieval.errors import EngineBusyError
@@ -127,8 +127,8 @@ class ChatTurn:
     ) -> AsyncIterator[TurnEvent]:
         clock = StageClock()  # the turn's total includes waiting for the session's lock
         async with self._locks.hold(session_id):
-            state = await session_of_tenant(self._sessions, session_id, tenant_id, for_turn=True)
-            view = await self._windows.load(state.summary, state.window)
+            state = await turn_state_of_tenant(self._sessions, session_id, tenant_id)
+            view = self._windows.load(state)
             sent_at = _now()
             pending = Turn(
                 id=0,

@@ -242,12 +242,10 @@ class FactMemory:
 
     # Use ----------------------------------------------------------------------------
 
-    async def pinned(self, user_pk: int, read: Sequence[Fact] | None = None) -> list[Fact]:
-        """Active pinned facts in prompt order: highest priority first, then oldest
-        (`read`: those facts, read with the session's state)."""
-        if read is None:
-            read = await self._facts.list_pinned_facts(user_pk)
-        return sorted(read, key=fact_order)
+    async def pinned(self, user_pk: int) -> list[Fact]:
+        """Active pinned facts in prompt order (`fact_order`); a turn has them from its
+        state's read (`SessionRepository.get_turn_state`)."""
+        return sorted(await self._facts.list_pinned_facts(user_pk), key=fact_order)
 
     async def search(self, user_pk: int, vector: np.ndarray, k: int) -> list[FactHit]:
         """Active facts by cosine similarity to the query, best first."""

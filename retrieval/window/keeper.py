@@ -19,8 +19,8 @@ from retrieval.prompt.render import note_of
 from retrieval.window.compaction import WindowPolicy, plan_compaction
 from retrieval.window.summarizers import Summarizer
 from storage.errors import ConflictError
-from storage.messages import MessageRepository
 from storage.records import Fact, Summary, Turn
+from storage.sessions import TurnState
 from storage.summaries import SummaryRepository
 
 
@@ -95,26 +95,21 @@ def current_notes(turns: Sequence[Turn]) -> list[Turn]:
 class WindowKeeper:
     def __init__(
         self,
-        messages: MessageRepository,
         summaries: SummaryRepository,
         summarizer: Summarizer,
         assembler: ContextAssembler,
         config: WindowConfig,
     ) -> None:
-        self._messages = messages
         self._summaries = summaries
         self._summarizer = summarizer
         self._assembler = assembler
         self._config = config
 
-    async def load(self, summary: Summary, read: Sequence[Turn] | None = None) -> WindowView:
-        """The window after a summary version: every message after it, oldest first
-        (`read`: those messages, read with the summary)."""
-        if read is None:
-            read = await self._messages.list_messages(
-                summary.session_id, after_seq=summary.through_seq
-            )
-        return WindowView(summary, tuple(current_notes(read)))
+    @staticmethod
+    def load(state: TurnState) -> WindowView:
+        """The window as a turn's state read it: the messages after its summary version,
+        oldest first."""
+        return WindowView(state.summary, tuple(current_notes(state.window)))
 
     async def keep_within_budget(
         self,
