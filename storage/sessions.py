@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import BindParameter, Select, bindparam, delete, exists, func, select
@@ -98,19 +98,22 @@ def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
 _STATE = _state_query()
 
 
-async def _state_row(
-    session: AsyncSession, session_id: str
-) -> tuple[ChatSession, UserRow, Summary, bool, bool]:
-    """The state's row of a session (its summary the empty version 0 before the first
-    compaction); NotFoundError for none."""
+async def _read_state(session: AsyncSession, session_id: str) -> SessionState:
+    """The state of a session, in one query (its summary the empty version 0 before the
+    first compaction); NotFoundError for none."""
     if not is_uuid(session_id):
         raise NotFoundError("session", session_id)
     row = (await session.execute(_STATE, {"session_id": session_id})).first()
     if row is None:
         raise NotFoundError("session", session_id)
     chat, user, summary, has_shared, has_own = row
-    current = Summary(session_id) if summary is None else to_record(Summary, summary)
-    return chat, user, current, bool(has_shared), bool(has_own)
+    return SessionState(
+        to_record(Session, chat),
+        to_record(User, user),
+        Summary(session_id) if summary is None else to_record(Summary, summary),
+        has_shared_knowledge=bool(has_shared),
+        has_own_knowledge=bool(has_own),
+    )
 
 
 def select_turns() -> Select[Any]:
@@ -163,31 +166,20 @@ class SessionRepository:
         """The session, its user, its current summary and the knowledge flags, in one
         query."""
         async with self._db.transaction() as session:
-            chat, user, summary, has_shared, has_own = await _state_row(session, session_id)
-            return SessionState(
-                to_record(Session, chat),
-                to_record(User, user),
-                summary,
-                has_shared_knowledge=has_shared,
-                has_own_knowledge=has_own,
-            )
+            return await _read_state(session, session_id)
 
     async def get_turn_state(self, session_id: str) -> TurnState:
         """As `get_state`, and in the same transaction what a turn reads with it: the
         messages after the summary (its window) and the user's active pinned facts."""
         async with self._db.transaction() as session:
-            chat, user, summary, has_shared, has_own = await _state_row(session, session_id)
-            params = {"session_id": session_id, "after_seq": summary.through_seq}
+            state = await _read_state(session, session_id)
+            params = {"session_id": session_id, "after_seq": state.summary.through_seq}
             window = records_of(Turn, (await session.execute(WINDOW, params)).all())
             pinned = records_of(
-                Fact, (await session.execute(PINNED_FACTS, {"user_pk": user.id})).all()
+                Fact, (await session.execute(PINNED_FACTS, {"user_pk": state.user.id})).all()
             )
             return TurnState(
-                to_record(Session, chat),
-                to_record(User, user),
-                summary,
-                has_shared_knowledge=has_shared,
-                has_own_knowledge=has_own,
+                **{field.name: getattr(state, field.name) for field in fields(SessionState)},
                 window=tuple(window),
                 pinned_facts=tuple(pinned),
             )
