@@ -254,6 +254,11 @@ class Feedback:
     min_corpus: int = 50
 
 
+# Looking up more documents than this in a posting: spread the posting over an array by
+# slot instead of searching it for each document.
+_SPREAD_FROM = 256
+
+
 def _best_after(
     best: np.ndarray, slots: np.ndarray, scores: np.ndarray, seen: np.ndarray, k: int
 ) -> np.ndarray:
@@ -529,7 +534,11 @@ class LexicalIndex:
                 return {}
             slots = np.fromiter((index.slot_of[i] for i in held), dtype=np.int64)
             order = np.argsort(slots)
-            values = self._lookup(index, terms, slots[order])
+            ordered = slots[order]
+            values = np.zeros(len(ordered))
+            spread = np.zeros(index.num_slots) if len(ordered) > _SPREAD_FROM else None
+            for term in terms:
+                values += self._lookup(index, term, ordered, spread)
             result = dict.fromkeys(held, 0.0)
             result.update(zip(np.asarray(held)[order].tolist(), values.tolist(), strict=True))
             return result
@@ -565,38 +574,65 @@ class LexicalIndex:
                 continue  # the threshold cannot reach what is left: no need to know it
             if len(best) >= k:
                 threshold = float(scores[best].min())
-        remaining = float(bounds[taken]) if taken < len(terms) else 0.0
         candidates = np.flatnonzero(seen)
-        # Only a document that the terms left could still lift to the threshold is
-        # looked up in their postings; then only the best k (with ties) are kept.
-        keep = (index.ids[candidates] >= 0) & (scores[candidates] + remaining >= threshold)
-        candidates = candidates[keep]
-        values = scores[candidates]
-        if taken < len(terms):
-            values = values + self._lookup(index, terms[taken:], candidates)
+        candidates = candidates[index.ids[candidates] >= 0]
+        candidates, values = self._complete(
+            index, terms[taken:], bounds[taken:], candidates, scores[candidates], threshold, k
+        )
+        return LexicalScores(index.ids[candidates], values, exact)
+
+    def _complete(
+        self,
+        index: _Scope,
+        terms: Sequence[_Term],
+        bounds: np.ndarray,
+        candidates: np.ndarray,
+        values: np.ndarray,
+        threshold: float,
+        k: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The best k candidates (with ties) and their exact scores, from their scores by
+        the terms taken and `terms`, the ones left (`bounds[i]`: the most terms[i:] can
+        add). The terms left are looked up one at a time, the one that can add most
+        first: after each, only a document that the terms still left could lift to the
+        threshold stays a candidate, and the threshold rises to the k-th best score so far
+        (a lower bound of the k-th final one)."""
+        spread = np.zeros(index.num_slots) if len(candidates) > _SPREAD_FROM else None
+        for position in range(len(terms) + 1):
+            remaining = float(bounds[position]) if position < len(terms) else 0.0
+            if len(values) > k:
+                threshold = max(threshold, float(np.partition(values, len(values) - k)[-k]))
+            keep = values + remaining >= threshold
+            candidates, values = candidates[keep], values[keep]
+            if position == len(terms) or not len(candidates):
+                break
+            if spread is not None and len(candidates) <= _SPREAD_FROM:
+                spread = None
+            values = values + self._lookup(index, terms[position], candidates, spread)
         if len(values) > k:
             cut = np.partition(values, len(values) - k)[-k]
             best = values >= cut
             candidates, values = candidates[best], values[best]
-        return LexicalScores(index.ids[candidates], values, exact)
+        return candidates, values
 
-    def _lookup(self, index: _Scope, terms: Sequence[_Term], slots: np.ndarray) -> np.ndarray:
-        """The scores that `terms` give the documents at `slots` (ascending)."""
+    def _lookup(
+        self, index: _Scope, term: _Term, slots: np.ndarray, spread: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The scores that `term` gives the documents at `slots` (ascending). With
+        `spread` (zeros over every slot, left as found), the posting is spread over it
+        and read there, linear in the posting: cheaper than searching the posting for
+        each of many documents."""
+        if spread is None:
+            counts = term.posting.lookup(slots)
+        else:
+            own, own_counts = term.posting.view()
+            spread[own] = own_counts
+            counts = spread[slots]
+            spread[own] = 0.0
         values = np.zeros(len(slots))
-        # Many documents: spread each posting over an array by slot and read it there
-        # (linear in the posting) rather than search the posting for each document.
-        spread = np.zeros(index.num_slots) if len(slots) > 256 else None
-        for term in terms:
-            if spread is None:
-                counts = term.posting.lookup(slots)
-            else:
-                own, own_counts = term.posting.view()
-                spread[own] = own_counts
-                counts = spread[slots]
-                spread[own] = 0.0
-            present = counts > 0
-            if present.any():
-                values[present] += self._contribution(index, term, slots[present], counts[present])
+        present = counts > 0
+        if present.any():
+            values[present] = self._contribution(index, term, slots[present], counts[present])
         return values
 
     def _expansion(
