@@ -558,9 +558,11 @@ class LexicalIndex:
         ceiling = 0.0  # no document's partial score exceeds the taken terms' bounds
         # The k best seen slots so far (see `_best_after`), whose lowest score is the threshold.
         best = np.zeros(0, dtype=np.int64)
+        fresh = False  # whether the threshold is the k-th of the scores as they stand
         for term, remaining in zip(terms, bounds.tolist(), strict=True):
             if taken and remaining < threshold:
                 break
+            fresh = False
             slots, counts = term.posting.view()
             scores[slots] += self._contribution(index, term, slots, counts)
             seen[slots] = True
@@ -573,11 +575,17 @@ class LexicalIndex:
             if next_bound >= ceiling:
                 continue  # the threshold cannot reach what is left: no need to know it
             if len(best) >= k:
-                threshold = float(scores[best].min())
+                threshold, fresh = float(scores[best].min()), True
         candidates = np.flatnonzero(seen)
         candidates = candidates[index.ids[candidates] >= 0]
         candidates, values = self._complete(
-            index, terms[taken:], bounds[taken:], candidates, scores[candidates], threshold, k
+            index,
+            terms[taken:],
+            bounds[taken:],
+            candidates,
+            scores[candidates],
+            (threshold, fresh),
+            k,
         )
         return LexicalScores(index.ids[candidates], values, exact)
 
@@ -588,7 +596,7 @@ class LexicalIndex:
         bounds: np.ndarray,
         candidates: np.ndarray,
         values: np.ndarray,
-        threshold: float,
+        start: tuple[float, bool],
         k: int,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The best k candidates (with ties) and their exact scores, from their scores by
@@ -596,11 +604,14 @@ class LexicalIndex:
         add). The terms left are looked up one at a time, the one that can add most
         first: after each, only a document that the terms still left could lift to the
         threshold stays a candidate, and the threshold rises to the k-th best score so far
-        (a lower bound of the k-th final one)."""
+        (a lower bound of the k-th final one). `start`: the threshold found so far, and
+        whether it is already the k-th of `values` (then not sought again). The last
+        pass, with nothing left to add, keeps exactly the k best (with ties)."""
+        threshold, fresh = start
         spread = np.zeros(index.num_slots) if len(candidates) > _SPREAD_FROM else None
         for position in range(len(terms) + 1):
             remaining = float(bounds[position]) if position < len(terms) else 0.0
-            if len(values) > k:
+            if len(values) > k and not (fresh and position == 0):
                 threshold = max(threshold, float(np.partition(values, len(values) - k)[-k]))
             keep = values + remaining >= threshold
             candidates, values = candidates[keep], values[keep]
@@ -609,10 +620,6 @@ class LexicalIndex:
             if spread is not None and len(candidates) <= _SPREAD_FROM:
                 spread = None
             values = values + self._lookup(index, terms[position], candidates, spread)
-        if len(values) > k:
-            cut = np.partition(values, len(values) - k)[-k]
-            best = values >= cut
-            candidates, values = candidates[best], values[best]
         return candidates, values
 
     def _lookup(
