@@ -324,3 +324,40 @@ async def test_turns_that_leave_the_window_are_summarised_and_stay_stored(
         f'{SUMMARY_HEADER}\n- "[{day}] user: I am allergic to peanuts."\n'
         f'- "[{day}] user: My daughter Mia turns 7 on 3 June."'
     )
+
+
+async def test_a_compacting_turn_does_not_retrieve_the_turns_it_summarises(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=sqlite_url,
+        chat=ChatSettings(recent_window_messages=4, window_eviction_chunk=2),
+    )
+    engine = ScriptedEngine(["Noted."])
+    async with local_client(create_app(settings, embedder=HashEmbedder(), engine=engine)) as client:
+        session = await create_session(client)
+        contents = [
+            "I am allergic to peanuts.",
+            "My daughter Mia turns 7 on 3 June.",
+            "What a day.",
+            "Which food am I allergic to, peanuts?",
+            "Remind me: am I allergic to peanuts?",
+        ]
+        turns = []
+        for content in contents:
+            response = await client.post(
+                f"/v1/sessions/{session['id']}/messages", json={"content": content}
+            )
+            turns.append(response.json())
+    allergy = turns[0]["message"]["id"]
+    # Turn 4 compacts messages 1 and 2 into the summary: the allergy is there, not
+    # among its memories (every other stored turn is in its window).
+    fourth = turns[3]["context"]
+    assert (fourth["summary_version"], fourth["summary_through_seq"]) == (1, 2)
+    assert fourth["memories"] == []
+    # Turn 5 compacts messages 3 and 4 and retrieves the allergy (with its reply), out
+    # of its window now.
+    fifth = turns[4]["context"]
+    assert (fifth["summary_version"], fifth["summary_through_seq"]) == (2, 4)
+    assert [m["id"] for m in fifth["memories"]] == [allergy, turns[0]["reply"]["id"]]

@@ -1,6 +1,7 @@
 """A turn's context, for the turn and for its preview alike: search the user's past turns
 (less the window) and knowledge, place the pinned facts, plan the prompt, keep the window
-within the room the plan leaves it, and assemble.
+within the room the plan leaves it (placing and planning again if it compacts), and
+assemble.
 
 Building has no side effect: it returns the next summary version the window needs and
 the context block the message keeps, and the caller stores them (a turn) or not (a
@@ -121,7 +122,10 @@ class ContextBuilder:
 
         The window's room depends on what this turn retrieves, so the window is kept
         within budget after the search; a compaction changes what is in view, and the
-        search and the plan are done again for it.
+        pinned facts' places and the plan are done again for it. The search is not: the
+        turns a compaction takes out of the window are in its new summary, and stay out
+        of this turn's memories as the window's turns were (the next turn may retrieve
+        them).
         """
         budget = self.budget(params)
         pinned = sorted(state.pinned_facts, key=fact_order) if self._facts is not None else []
@@ -133,10 +137,8 @@ class ContextBuilder:
             view, budget=budget, room=plan.window_room, pinned=pinned, content_tokens=content_tokens
         )
         if kept.summary != view.summary:
-            # Knowledge does not depend on the window: only the turns are searched again.
-            found = await self._find(
-                state, kept, vector, content, pinned, clock, knowledge=found.knowledge
-            )
+            # What the kept window shows, the first view showed too: no memory repeats it.
+            found = replace(found, places=_places(state, kept, pinned))
             plan = await self._assembler.plan(
                 self._sections(found, kept, content, instructions),
                 self._turn_budget(budget, kept),
@@ -193,29 +195,25 @@ class ContextBuilder:
         content: str,
         pinned: Sequence[Fact],
         clock: StageClock,
-        *,
-        knowledge: Sequence[KnowledgeHit] | None = None,
     ) -> _Found:
-        """This turn's memories and knowledge (searched unless given), and where each
-        pinned fact goes, for the window as `view` has it (its turns, and the turns its
-        context notes show, are not retrieved again)."""
+        """This turn's memories and knowledge, and where each pinned fact goes, for the
+        window as `view` has it (its turns, and the turns its context notes show, are not
+        retrieved again)."""
         user = state.user
         with clock.stage("search"):
-            turns = self._memory.search(
-                user.id,
-                vector,
-                self._config.retrieval_k,
-                view.shown_ids,
-                query=content,
-                version=user.memory_version,
+            scored, found = await asyncio.gather(
+                self._memory.search(
+                    user.id,
+                    vector,
+                    self._config.retrieval_k,
+                    view.shown_ids,
+                    query=content,
+                    version=user.memory_version,
+                ),
+                self._knowledge_for(state, vector),
             )
-            if knowledge is None:
-                scored, found = await asyncio.gather(turns, self._knowledge_for(state, vector))
-            else:
-                scored, found = await turns, list(knowledge)
             memories = await turn_hits(self._messages, user.id, scored, content)
-        places = place_pinned(pinned, view.summary, view.turns, state.session.created_at)
-        return _Found(tuple(memories), tuple(found), places)
+        return _Found(tuple(memories), tuple(found), _places(state, view, pinned))
 
     async def _knowledge_for(self, state: SessionState, vector: np.ndarray) -> list[KnowledgeHit]:
         if self._knowledge is None or self._config.knowledge_k <= 0:
@@ -227,3 +225,8 @@ class ContextBuilder:
             self._config.knowledge_k,
             with_documents=(state.has_shared_knowledge, state.has_own_knowledge),
         )
+
+
+def _places(state: SessionState, view: WindowView, pinned: Sequence[Fact]) -> PinnedPlaces:
+    """Where each pinned fact goes, for the window as `view` has it."""
+    return place_pinned(pinned, view.summary, view.turns, state.session.created_at)
