@@ -7,6 +7,8 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
 from app.settings import ChatSettings, KnowledgeSettings, Settings
@@ -277,16 +279,31 @@ async def test_small_talk_is_pruned_and_the_physics_request_stays(
     assert version["pruned_seqs"] == [3, 4]
 
 
-async def test_turns_that_leave_the_window_are_summarised_and_stay_stored(
-    tmp_path: Path, sqlite_url: str
-) -> None:
+def window_of_four(tmp_path: Path, sqlite_url: str) -> Litestar:
+    """The service with a window of 4 messages shedding 2 at a time, every reply "Noted."."""
     settings = Settings(
         data_dir=tmp_path / "data",
         database_url=sqlite_url,
         chat=ChatSettings(recent_window_messages=4, window_eviction_chunk=2),
     )
-    engine = ScriptedEngine(["Noted."])
-    async with local_client(create_app(settings, embedder=HashEmbedder(), engine=engine)) as client:
+    return create_app(settings, embedder=HashEmbedder(), engine=ScriptedEngine(["Noted."]))
+
+
+async def post_turns(client: AsyncTestClient, session_id: str, contents: list[str]) -> list[dict]:
+    """One turn per message, in order: the turns' response bodies."""
+    turns = []
+    for content in contents:
+        response = await client.post(
+            f"/v1/sessions/{session_id}/messages", json={"content": content}
+        )
+        turns.append(response.json())
+    return turns
+
+
+async def test_turns_that_leave_the_window_are_summarised_and_stay_stored(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    async with local_client(window_of_four(tmp_path, sqlite_url)) as client:
         session = await create_session(client)
         contents = [
             "I am allergic to peanuts.",
@@ -294,12 +311,7 @@ async def test_turns_that_leave_the_window_are_summarised_and_stay_stored(
             "What a day.",
             "Tell me a story.",
         ]
-        turns = []
-        for content in contents:
-            response = await client.post(
-                f"/v1/sessions/{session['id']}/messages", json={"content": content}
-            )
-            turns.append(response.json())
+        turns = await post_turns(client, session["id"], contents)
         preview = await client.post(
             f"/v1/sessions/{session['id']}/context", json={"content": "And now?"}
         )
@@ -329,13 +341,7 @@ async def test_turns_that_leave_the_window_are_summarised_and_stay_stored(
 async def test_a_compacting_turn_does_not_retrieve_the_turns_it_summarises(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    settings = Settings(
-        data_dir=tmp_path / "data",
-        database_url=sqlite_url,
-        chat=ChatSettings(recent_window_messages=4, window_eviction_chunk=2),
-    )
-    engine = ScriptedEngine(["Noted."])
-    async with local_client(create_app(settings, embedder=HashEmbedder(), engine=engine)) as client:
+    async with local_client(window_of_four(tmp_path, sqlite_url)) as client:
         session = await create_session(client)
         contents = [
             "I am allergic to peanuts.",
@@ -344,12 +350,7 @@ async def test_a_compacting_turn_does_not_retrieve_the_turns_it_summarises(
             "Which food am I allergic to, peanuts?",
             "Remind me: am I allergic to peanuts?",
         ]
-        turns = []
-        for content in contents:
-            response = await client.post(
-                f"/v1/sessions/{session['id']}/messages", json={"content": content}
-            )
-            turns.append(response.json())
+        turns = await post_turns(client, session["id"], contents)
     allergy = turns[0]["message"]["id"]
     # Turn 4 compacts messages 1 and 2 into the summary: the allergy is there, not
     # among its memories (every other stored turn is in its window).
