@@ -276,15 +276,23 @@ def _best_after(
     return pool
 
 
+def _suffix_sums(bounds: Sequence[float]) -> np.ndarray:
+    """The most the terms from each position on can add together, with a margin for
+    rounding (and 0 past the last)."""
+    return np.append(np.cumsum(bounds[::-1])[::-1] * (1 + 1e-9) + 1e-12, 0.0)
+
+
 class LexicalIndex:
     """Okapi BM25 (k1, b) over documents keyed by message id, partitioned by scope (user).
 
     A query's top k is found without scoring every posting (MaxScore): its terms are
-    taken by the most each can add to a score, rarest first in effect, and scored in
-    full until the terms left could not together lift a document that none of the
-    taken terms holds above the k-th score found so far; the terms left are then only
-    looked up for the documents found. The result is the exact top k: a long posting
-    (a speaker's name, in every other turn) costs only lookups.
+    taken by the most each can add to a score per document it holds (any order gives
+    the same result; this one takes the cheap, telling terms first), and scored in full
+    until the terms left could not together lift a document that none of the taken
+    terms holds above the k-th score found so far; the terms left are then only looked
+    up for the documents found. The result is the exact top k: a long posting (a
+    speaker's name, in every other turn; a related word of low weight) costs only
+    lookups.
     """
 
     def __init__(
@@ -492,7 +500,10 @@ class LexicalIndex:
         return math.log(1 + (index.num_docs - df + 0.5) / (df + 0.5))
 
     def _terms(self, index: _Scope, weights: Mapping[str, float]) -> list[_Term]:
-        """The query's terms the scope holds, the one that can add most first."""
+        """The query's terms the scope holds, in the order `_score` takes them: the one
+        that can add most for the documents it holds first (its bound over its posting's
+        length), so that a long posting of a low bound (a speaker's name, a related word)
+        is left for lookups."""
         if index.total_length <= 0:
             return []
         average = index.total_length / index.num_docs
@@ -509,7 +520,7 @@ class LexicalIndex:
             gain = weight * self._idf(index, posting) * (self._k1 + 1)
             top = posting.max_count
             found.append(_Term(posting, gain, gain * top / (top + norm)))
-        return sorted(found, key=lambda t: -t.bound)
+        return sorted(found, key=lambda t: -t.bound / t.posting.size)
 
     def _contribution(
         self, index: _Scope, term: _Term, slots: np.ndarray, counts: np.ndarray
@@ -552,14 +563,14 @@ class LexicalIndex:
             (index.slot_of[i] for i in exclude if i in index.slot_of), dtype=np.int64
         )
         # The most the terms not yet taken can add, with a margin for rounding.
-        bounds = np.cumsum([t.bound for t in reversed(terms)])[::-1] * (1 + 1e-9) + 1e-12
+        bounds = _suffix_sums([t.bound for t in terms])
         taken = 0
         threshold = 0.0
         ceiling = 0.0  # no document's partial score exceeds the taken terms' bounds
         # The k best seen slots so far (see `_best_after`), whose lowest score is the threshold.
         best = np.zeros(0, dtype=np.int64)
         fresh = False  # whether the threshold is the k-th of the scores as they stand
-        for term, remaining in zip(terms, bounds.tolist(), strict=True):
+        for term, remaining in zip(terms, bounds[:-1].tolist(), strict=True):
             if taken and remaining < threshold:
                 break
             fresh = False
@@ -571,17 +582,19 @@ class LexicalIndex:
             taken += 1
             ceiling += term.bound
             best = _best_after(best, slots, scores, seen, k)
-            next_bound = bounds[taken] if taken < len(terms) else 0.0
-            if next_bound >= ceiling:
+            if bounds[taken] >= ceiling:
                 continue  # the threshold cannot reach what is left: no need to know it
             if len(best) >= k:
                 threshold, fresh = float(scores[best].min()), True
         candidates = np.flatnonzero(seen)
         candidates = candidates[index.ids[candidates] >= 0]
+        # The terms left are looked up the one that can add most first: a candidate
+        # falls below the threshold soonest.
+        left = sorted(terms[taken:], key=lambda t: -t.bound)
         candidates, values = self._complete(
             index,
-            terms[taken:],
-            bounds[taken:],
+            left,
+            _suffix_sums([t.bound for t in left]),
             candidates,
             scores[candidates],
             (threshold, fresh),
@@ -610,7 +623,7 @@ class LexicalIndex:
         threshold, fresh = start
         spread = np.zeros(index.num_slots) if len(candidates) > _SPREAD_FROM else None
         for position in range(len(terms) + 1):
-            remaining = float(bounds[position]) if position < len(terms) else 0.0
+            remaining = float(bounds[position])
             if len(values) > k and not (fresh and position == 0):
                 threshold = max(threshold, float(np.partition(values, len(values) - k)[-k]))
             keep = values + remaining >= threshold
