@@ -91,9 +91,10 @@ class MessageRepository:
         """Messages of one user by id (order not kept; ids of other users are ignored)."""
         if not ids:
             return []
-        async with self._db.transaction() as session:
-            rows = await session.execute(_BY_ID, {"user_pk": user_pk, "ids": list(ids)})
-            return records_of(Turn, rows.all())
+        params = {"user_pk": user_pk, "ids": list(ids)}
+        return await self._db.read(
+            lambda session: records_of(Turn, session.execute(_BY_ID, params).all())
+        )
 
     async def list_user_messages(self, user_pk: int) -> list[Turn]:
         """Every message of a user, each session's in order (to build derived indexes)."""

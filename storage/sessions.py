@@ -5,10 +5,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any
 
-from sqlalchemy import BindParameter, Select, bindparam, delete, exists, func, select
+from sqlalchemy import BindParameter, Row, Select, bindparam, delete, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session as SyncSession
 
 from storage.db import Database
 from storage.embeddings import bump_memory_versions
@@ -103,7 +105,29 @@ async def _read_state(session: AsyncSession, session_id: str) -> SessionState:
     first compaction); NotFoundError for none."""
     if not is_uuid(session_id):
         raise NotFoundError("session", session_id)
-    row = (await session.execute(_STATE, {"session_id": session_id})).first()
+    return _state_of(
+        session_id, (await session.execute(_STATE, {"session_id": session_id})).first()
+    )
+
+
+def _read_turn_state(session: SyncSession, session_id: str) -> TurnState:
+    """`SessionRepository.get_turn_state`'s reads, in one (sync) transaction."""
+    if not is_uuid(session_id):
+        raise NotFoundError("session", session_id)
+    state = _state_of(session_id, session.execute(_STATE, {"session_id": session_id}).first())
+    params = {"session_id": session_id, "after_seq": state.summary.through_seq}
+    window = records_of(Turn, session.execute(WINDOW, params).all())
+    pinned = records_of(Fact, session.execute(PINNED_FACTS, {"user_pk": state.user.id}).all())
+    return TurnState(
+        **{field.name: getattr(state, field.name) for field in fields(SessionState)},
+        window=tuple(window),
+        pinned_facts=tuple(pinned),
+    )
+
+
+def _state_of(
+    session_id: str, row: Row[ChatSession, UserRow, SessionSummary, bool, bool] | None
+) -> SessionState:
     if row is None:
         raise NotFoundError("session", session_id)
     chat, user, summary, has_shared, has_own = row
@@ -171,18 +195,7 @@ class SessionRepository:
     async def get_turn_state(self, session_id: str) -> TurnState:
         """As `get_state`, and in the same transaction what a turn reads with it: the
         messages after the summary (its window) and the user's active pinned facts."""
-        async with self._db.transaction() as session:
-            state = await _read_state(session, session_id)
-            params = {"session_id": session_id, "after_seq": state.summary.through_seq}
-            window = records_of(Turn, (await session.execute(WINDOW, params)).all())
-            pinned = records_of(
-                Fact, (await session.execute(PINNED_FACTS, {"user_pk": state.user.id})).all()
-            )
-            return TurnState(
-                **{field.name: getattr(state, field.name) for field in fields(SessionState)},
-                window=tuple(window),
-                pinned_facts=tuple(pinned),
-            )
+        return await self._db.read(partial(_read_turn_state, session_id=session_id))
 
     async def list_sessions(
         self, user_external_id: str, *, tenant_id: int

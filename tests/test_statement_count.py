@@ -17,6 +17,7 @@ from sqlalchemy import event
 
 from app.factory import create_app
 from app.settings import FactSettings, Settings
+from storage.db import Database
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 
@@ -29,17 +30,22 @@ MAX_STATEMENTS = 11
 
 
 @contextmanager
-def counting(engine) -> Iterator[Counter[str]]:
+def counting(db: Database) -> Iterator[Counter[str]]:
+    """Statements run on the database's engines: the async one, and on SQLite the sync
+    one its reads of several statements take (`Database.read`)."""
     counts: Counter[str] = Counter()
 
     def count(_conn, _cursor, statement: str, *_args: object) -> None:
         counts[statement.split(None, 1)[0].upper()] += 1
 
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    engines = [db.engine.sync_engine, *([db.reader_engine] if db.reader_engine else [])]
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", count)
     try:
         yield counts
     finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", count)
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", count)
 
 
 async def test_a_steady_state_turn_runs_few_statements(settings: Settings) -> None:
@@ -61,7 +67,7 @@ async def test_a_steady_state_turn_runs_few_statements(settings: Settings) -> No
             assert (
                 await client.post(path, json={"content": f"Tell me about trail {i}"})
             ).is_success
-        with counting(app.state.runtime.db.engine) as counts:
+        with counting(app.state.runtime.db) as counts:
             response = await client.post(path, json={"content": "Which trail did I like?"})
         assert response.status_code == 200, response.text
         assert response.json()["context"]["memories"]
