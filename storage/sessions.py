@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
-from sqlalchemy import BindParameter, Row, Select, bindparam, delete, exists, func, select
+from sqlalchemy import BindParameter, Select, bindparam, delete, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as SyncSession
 
@@ -100,34 +100,12 @@ def _state_query() -> Select[ChatSession, UserRow, SessionSummary, bool, bool]:
 _STATE = _state_query()
 
 
-async def _read_state(session: AsyncSession, session_id: str) -> SessionState:
+def _read_state(session: SyncSession, session_id: str) -> SessionState:
     """The state of a session, in one query (its summary the empty version 0 before the
     first compaction); NotFoundError for none."""
     if not is_uuid(session_id):
         raise NotFoundError("session", session_id)
-    return _state_of(
-        session_id, (await session.execute(_STATE, {"session_id": session_id})).first()
-    )
-
-
-def _read_turn_state(session: SyncSession, session_id: str) -> TurnState:
-    """`SessionRepository.get_turn_state`'s reads, in one (sync) transaction."""
-    if not is_uuid(session_id):
-        raise NotFoundError("session", session_id)
-    state = _state_of(session_id, session.execute(_STATE, {"session_id": session_id}).first())
-    params = {"session_id": session_id, "after_seq": state.summary.through_seq}
-    window = records_of(Turn, session.execute(WINDOW, params).all())
-    pinned = records_of(Fact, session.execute(PINNED_FACTS, {"user_pk": state.user.id}).all())
-    return TurnState(
-        **{field.name: getattr(state, field.name) for field in fields(SessionState)},
-        window=tuple(window),
-        pinned_facts=tuple(pinned),
-    )
-
-
-def _state_of(
-    session_id: str, row: Row[ChatSession, UserRow, SessionSummary, bool, bool] | None
-) -> SessionState:
+    row = session.execute(_STATE, {"session_id": session_id}).first()
     if row is None:
         raise NotFoundError("session", session_id)
     chat, user, summary, has_shared, has_own = row
@@ -152,6 +130,19 @@ WINDOW = (
     .where(Message.session_id == bindparam("session_id"), Message.seq > bindparam("after_seq"))
     .order_by(Message.seq)
 )
+
+
+def _read_turn_state(session: SyncSession, session_id: str) -> TurnState:
+    """`SessionRepository.get_turn_state`'s reads, in one (sync) transaction."""
+    state = _read_state(session, session_id)
+    params = {"session_id": session_id, "after_seq": state.summary.through_seq}
+    window = records_of(Turn, session.execute(WINDOW, params).all())
+    pinned = records_of(Fact, session.execute(PINNED_FACTS, {"user_pk": state.user.id}).all())
+    return TurnState(
+        **{field.name: getattr(state, field.name) for field in fields(SessionState)},
+        window=tuple(window),
+        pinned_facts=tuple(pinned),
+    )
 
 
 class SessionRepository:
@@ -189,8 +180,7 @@ class SessionRepository:
     async def get_state(self, session_id: str) -> SessionState:
         """The session, its user, its current summary and the knowledge flags, in one
         query."""
-        async with self._db.transaction() as session:
-            return await _read_state(session, session_id)
+        return await self._db.read(partial(_read_state, session_id=session_id))
 
     async def get_turn_state(self, session_id: str) -> TurnState:
         """As `get_state`, and in the same transaction what a turn reads with it: the
