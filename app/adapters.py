@@ -13,6 +13,7 @@ from retrieval.protocols import Embedder, Engine, VectorIndex
 
 
 def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
+    from retrieval.embedders.bf16 import has_bf16_matrix_units
     from retrieval.embedders.onnx import OnnxEmbedder
     from retrieval.embedders.sentence_transformers import DEFAULT_MODEL_NAME, default_model_path
 
@@ -23,6 +24,7 @@ def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
         batch_size=config.batch_size,
         num_threads=config.num_threads,
         int8=config.precision == "int8",
+        bf16_bulk=config.precision == "auto" and has_bf16_matrix_units(),
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.embedders.onnx import OnnxEmbedder
+from retrieval.embedders.onnx import BULK_MIN_TEXTS, OnnxEmbedder
 from retrieval.embedders.sentence_transformers import (
     SentenceTransformerEmbedder,
     default_model_path,
@@ -83,3 +83,31 @@ def test_int8_model_is_quantised_once_and_named_apart(
     before = quantized.stat().st_mtime_ns
     OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", tmp_path, int8=True)
     assert quantized.stat().st_mtime_ns == before
+
+
+def test_bf16_path_gives_the_fp32_vectors_for_large_calls(onnx_cache_dir: Path) -> None:
+    embedder = OnnxEmbedder(
+        default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir, bf16_bulk=True
+    )
+    assert embedder.bulk is not None
+    texts = [f"{text} ({number})" for number in range(2) for text in TEXTS]
+    assert len(texts) >= BULK_MIN_TEXTS
+    # Before the model is loaded, every call is answered in fp32 (and starts the load).
+    fp32 = embedder.embed_now(texts)
+    assert embedder.bulk.wait(timeout=120) and not embedder.bulk.failed
+    bf16 = embedder.embed_now(texts)
+    # Computed apart (not bit for bit the same), the same vectors for ranking.
+    cosines = (bf16 * fp32).sum(axis=1)
+    assert cosines.min() > 0.9995 and not np.array_equal(bf16, fp32)
+    np.testing.assert_allclose(np.linalg.norm(bf16, axis=1), 1.0, atol=1e-5)
+    assert embedder.model_name == "all-MiniLM-L6-v2"
+    # Fewer texts than BULK_MIN_TEXTS stay in fp32, bit for bit.
+    few = texts[: BULK_MIN_TEXTS - 1]
+    np.testing.assert_array_equal(embedder.embed_now(few), fp32[: BULK_MIN_TEXTS - 1])
+
+
+def test_bf16_path_is_not_for_int8(onnx_cache_dir: Path) -> None:
+    with pytest.raises(ValueError, match="not with int8"):
+        OnnxEmbedder(
+            default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir, int8=True, bf16_bulk=True
+        )

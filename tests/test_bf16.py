@@ -1,0 +1,68 @@
+"""When the bfloat16 path is chosen: on CPUs with AMX tiles, at the default precision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.adapters import EMBEDDERS
+from app.settings import EmbedderSettings
+from retrieval.embedders import bf16
+from retrieval.embedders.bf16 import cpu_flags, has_bf16_matrix_units
+
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+flags\t\t: fpu vme avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+bugs\t\t: spectre_v1
+
+processor\t: 1
+flags\t\t: fpu vme avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+ZEN4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    (tmp_path / "cpuinfo").write_text(SAPPHIRE_RAPIDS)
+    flags = cpu_flags(tmp_path / "cpuinfo")
+    assert {"amx_bf16", "amx_tile", "avx512_bf16", "fpu"} <= flags
+    assert "spectre_v1" not in flags
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "expected"), [(SAPPHIRE_RAPIDS, True), (ZEN4, False), ("", False)]
+)
+def test_bf16_needs_amx_tiles(tmp_path: Path, cpuinfo: str, expected: bool) -> None:
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    assert has_bf16_matrix_units(cpu_flags(tmp_path / "cpuinfo")) is expected
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("precision", "amx", "bulk", "model_name"),
+    [
+        ("auto", True, True, "all-MiniLM-L6-v2"),
+        ("auto", False, False, "all-MiniLM-L6-v2"),
+        ("fp32", True, False, "all-MiniLM-L6-v2"),
+    ],
+)
+def test_precision_picks_the_bf16_path(
+    onnx_cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    precision: str,
+    amx: bool,
+    bulk: bool,
+    model_name: str,
+) -> None:
+    monkeypatch.setattr(
+        bf16, "cpu_flags", lambda: frozenset({"amx_bf16", "amx_tile"} if amx else ())
+    )
+    config = EmbedderSettings.model_validate({"precision": precision})
+    embedder = EMBEDDERS[config.kind](config, onnx_cache_dir)
+    assert (getattr(embedder, "bulk", None) is not None) is bulk
+    assert embedder.model_name == model_name
+
+
+def test_default_precision_is_auto() -> None:
+    assert EmbedderSettings().precision == "auto"
