@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from app.adapters import EMBEDDERS
 from app.settings import EmbedderSettings
 from retrieval.embedders import bf16
-from retrieval.embedders.bf16 import cpu_flags, has_bf16_matrix_units
+from retrieval.embedders.bf16 import Bf16Transformer, cpu_flags, has_bf16_matrix_units
 
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -66,3 +69,34 @@ def test_precision_picks_the_bf16_path(
 
 def test_default_precision_is_auto() -> None:
     assert EmbedderSettings().precision == "auto"
+
+
+def test_ready_never_waits_for_a_load_in_progress(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    class Gated(Bf16Transformer):
+        def load(self) -> None:
+            with self._load_lock:
+                gate.wait(30)
+
+    model = Gated(tmp_path)
+    assert model.ready() is False  # starts the (gated) load in its thread
+    asked = threading.Thread(target=model.ready)
+    asked.start()
+    asked.join(timeout=5)
+    try:
+        assert not asked.is_alive()
+    finally:
+        gate.set()
+
+
+def test_a_model_that_cannot_load_leaves_fp32_in_place(tmp_path: Path) -> None:
+    model = Bf16Transformer(tmp_path / "missing")
+    with capture_logs() as logs:
+        assert model.ready() is False
+        deadline = time.monotonic() + 60
+        while not model.failed and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert model.failed and model.ready() is False and not model.wait(0)
+    (entry,) = [e for e in logs if e["event"] == "bf16_embedder_not_loaded"]
+    assert entry["log_level"] == "warning" and entry["fallback"] == "fp32"

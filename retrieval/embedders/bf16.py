@@ -14,15 +14,15 @@ keeps using its fp32 path, so no call ever waits for it.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
-logger = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 # Rows per forward pass: the fastest measured on two cores (64: 2,030/s, 128: 2,280/s,
 # 256: 2,180/s, with more memory).
@@ -59,7 +59,10 @@ class Bf16Transformer:
         self._takes_types = False
         self._started = False
         self._failed = False
+        # `_state_lock` guards `_started` only (never held while loading), so `ready`
+        # never waits for a load in progress.
         self._state_lock = threading.Lock()
+        self._load_lock = threading.Lock()
         # torch modules are not safe to call from several threads at once.
         self._call_lock = threading.Lock()
         self._loaded = threading.Event()
@@ -69,14 +72,14 @@ class Bf16Transformer:
         if self._model is not None:
             return True
         with self._state_lock:
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._load_or_log, name="bf16-load", daemon=True).start()
+            start, self._started = not self._started, True
+        if start:
+            threading.Thread(target=self._load_or_log, name="bf16-load", daemon=True).start()
         return False
 
     def load(self) -> None:
         """Load the model now, in this thread (idempotent)."""
-        with self._state_lock:
+        with self._load_lock:
             if self._model is not None:
                 return
             # The process must never reach a model hub; weights come from the path only.
@@ -92,8 +95,9 @@ class Bf16Transformer:
             model = AutoModel.from_pretrained(str(self._model_path), local_files_only=True)
             model = model.to(torch.bfloat16).eval()
             self._takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
+            with self._state_lock:
+                self._started = True
             self._model = model
-            self._started = True
             self._loaded.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -107,12 +111,9 @@ class Bf16Transformer:
     def _load_or_log(self) -> None:
         try:
             self.load()
-        except Exception:
+        except Exception as error:
             self._failed = True
-            logger.warning(
-                "bfloat16 embedding model could not be loaded; embedding stays in fp32",
-                exc_info=True,
-            )
+            log.warning("bf16_embedder_not_loaded", fallback="fp32", error=repr(error))
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
         import torch
