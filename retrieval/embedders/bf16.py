@@ -74,7 +74,9 @@ class Bf16Transformer:
         with self._state_lock:
             start, self._started = not self._started, True
         if start:
-            threading.Thread(target=self._load_or_log, name="bf16-load", daemon=True).start()
+            # Not a daemon: a process leaving while torch loads would abort in its C++
+            # teardown ("terminate called without an active exception"); it waits instead.
+            threading.Thread(target=self._load_or_log, name="bf16-load").start()
         return False
 
     def load(self) -> None:
