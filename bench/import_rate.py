@@ -9,7 +9,10 @@ directory; the first batch is a warm-up and is not counted. The rate counts what
 call acknowledges: stored, embedded and indexed; the background fact extraction of the
 imported turns runs meanwhile, as in the service.
 
-    .venv/bin/python bench/import_rate.py [--batches 6] [--precision fp32 int8]
+`--precision` lists the embedder precisions to run (`MEMCHAT_EMBEDDER__PRECISION`):
+by default `auto` (the default: bfloat16 for large calls on CPUs with AMX) and `fp32`.
+
+    .venv/bin/python bench/import_rate.py [--batches 6] [--precision auto fp32 int8]
 """
 
 from __future__ import annotations
@@ -111,7 +114,9 @@ async def through_api(turns: list[dict[str, str]], batches: int, precision: str)
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=6, help="timed batches of 1,000")
-    parser.add_argument("--precision", nargs="+", default=["fp32", "int8"])
+    parser.add_argument(
+        "--precision", nargs="+", choices=["auto", "fp32", "int8"], default=["auto", "fp32"]
+    )
     parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()
     turns = load_turns(args.data)
