@@ -92,20 +92,27 @@ def drop_near_duplicates(
     """
     kept: list[ScoredId] = []
     seen: dict[int, list[frozenset[Hashable]]] = {}
+    # A copy of a kept set (Jaccard 1) is found by its hash, before any comparison: a
+    # store that repeats a turn ("ok", "thanks", a pasted text) skips its copies cheaply.
+    copies: set[frozenset[Hashable]] = set()
     for hit in hits:
         if len(kept) >= k:
             break
         terms = fingerprint(hit.id)
         size = len(terms)
-        if terms and any(
-            jaccard(terms, other) >= threshold
-            for length in _near_sizes(size, threshold, seen)
-            for other in seen[length]
+        if terms and (
+            (threshold <= 1 and terms in copies)
+            or any(
+                jaccard(terms, other) >= threshold
+                for length in _near_sizes(size, threshold, seen)
+                for other in seen[length]
+            )
         ):
             continue
         kept.append(hit)
         if terms:
             seen.setdefault(size, []).append(terms)
+            copies.add(terms)
     return kept
 
 
