@@ -42,6 +42,13 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def takes_token_types(model: Any) -> bool:
+    """Whether a transformers model's forward takes `token_type_ids` (BERT does)."""
+    import inspect
+
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
 def has_bf16_matrix_units(flags: frozenset[str] | None = None) -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles)."""
     flags = cpu_flags() if flags is None else flags
@@ -87,8 +94,6 @@ class Bf16Transformer:
             # The process must never reach a model hub; weights come from the path only.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            import inspect
-
             import torch
             from transformers import AutoModel
 
@@ -96,9 +101,7 @@ class Bf16Transformer:
                 torch.set_num_threads(self._num_threads)
             model = AutoModel.from_pretrained(str(self._model_path), local_files_only=True)
             model = model.to(torch.bfloat16).eval()
-            self._takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
-            with self._state_lock:
-                self._started = True
+            self._takes_types = takes_token_types(model)
             self._model = model
             self._loaded.set()
 

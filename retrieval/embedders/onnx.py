@@ -34,7 +34,7 @@ import anyio
 import numpy as np
 
 from retrieval.embedders.bf16 import BATCH_SIZE as BULK_BATCH_SIZE
-from retrieval.embedders.bf16 import Bf16Transformer
+from retrieval.embedders.bf16 import Bf16Transformer, takes_token_types
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -97,13 +97,11 @@ def quantize_int8(source: Path, target: Path) -> None:
 
 def export_onnx(model_path: Path, target: Path) -> None:
     """Export the transformer's last hidden state to ONNX (dynamic batch and length)."""
-    import inspect
-
     import torch
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(str(model_path), local_files_only=True).eval()
-    takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
+    takes_types = takes_token_types(model)
 
     class LastHiddenState(torch.nn.Module):
         def __init__(self) -> None:
