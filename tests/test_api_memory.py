@@ -156,8 +156,8 @@ async def test_context_preview_stores_and_generates_nothing(
     assert last.startswith(CONTEXT_OPEN)
     assert last.endswith(f"{CONTEXT_CLOSE}\nsnack ideas? I am allergic to some things")
     assert preview["context"]["memories"][0]["text"] == "I am allergic to peanuts"
-    assert f"{MEMORY_HEADER}\n- [" in last
-    assert '- [5 Jan 2026] user (name "Alice"): "I am allergic to peanuts"' in last
+    assert f"{MEMORY_HEADER}\n[5 Jan 2026]\n- " in last
+    assert '\n- user (name "Alice"): "I am allergic to peanuts"\n' in last
     tokens = preview["context"]["tokens"]
     assert preview["context"]["prompt_tokens"] <= preview["context"]["context_window"] - 256
     assert tokens["recent"] > 0 and tokens["memories"] > 0

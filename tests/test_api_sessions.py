@@ -106,7 +106,7 @@ async def test_second_session_recalls_turns_of_the_first(
     last = engine.prompts[-1][-1]
     assert last.role == "user"
     assert last.content.startswith(CONTEXT_OPEN)
-    assert '] user: "I am allergic to peanuts"' in last.content
+    assert '\n- user: "I am allergic to peanuts"\n' in last.content
     assert last.content.endswith(f"{CONTEXT_CLOSE}\nSuggest a snack without peanuts, I am allergic")
 
 
@@ -258,7 +258,14 @@ async def test_memories_fill_their_budget_and_later_turns_add_what_the_window_le
     app = create_app(settings.model_copy(update={"chat": chat}), embedder=embedder, engine=engine)
     async with local_client(app) as client:
         old = await create_session(client)
-        history = [{"role": "user", "content": f"trail {i} was steep"} for i in range(60)]
+        history = [
+            {
+                "role": "user",
+                "content": f"trail {i} was steep",
+                "created_at": f"2026-01-05T10:{i:02d}:00Z",
+            }
+            for i in range(60)
+        ]
         imported = await client.post(
             f"/v1/sessions/{old['id']}/history", json={"messages": history}
         )
@@ -267,12 +274,13 @@ async def test_memories_fill_their_budget_and_later_turns_add_what_the_window_le
         url = f"/v1/sessions/{session['id']}/messages"
         first = (await client.post(url, json={"content": "which trail was steep?"})).json()
         second = (await client.post(url, json={"content": "and which was long?"})).json()
-    # The scripted engine counts words: the header is 10 words (12 with its breaks), each
-    # memory line `- [5 Jan 2026] user: "trail N was steep"` 9 words (10 with its break).
-    assert len(first["context"]["memories"]) == (120 - 12) // 10
-    assert first["context"]["tokens"]["memories"] == 10 + 9 * 10
+    # The scripted engine counts words: the header is 13 words (15 with its breaks), the
+    # line of their one day `[5 Jan 2026]` 3 (4), each memory line
+    # `- user: "trail N was steep"` 6 words (7 with its break).
+    assert len(first["context"]["memories"]) == (120 - 15 - 4) // 7
+    assert first["context"]["tokens"]["memories"] == 13 + 3 + 6 * 14
     # The window shows turn 1's note (more than the budget less the minimum), so turn 2
     # has its minimum.
-    assert len(second["context"]["memories"]) == (40 - 12) // 10
+    assert len(second["context"]["memories"]) == (40 - 15 - 4) // 7
     shown_first = {m["id"] for m in first["context"]["memories"]}
     assert shown_first.isdisjoint(m["id"] for m in second["context"]["memories"])

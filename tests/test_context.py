@@ -72,7 +72,7 @@ async def test_layout_is_one_system_message_then_alternating_turns(
     assert [m.role for m in context.messages] == ["system", "user", "assistant", "user"]
     assert context.messages[0].content == "be helpful"
     block = (
-        f'{CONTEXT_OPEN}\n\n{MEMORY_HEADER}\n- [5 Jan 2026] user: "I like tea"\n\n{CONTEXT_CLOSE}'
+        f'{CONTEXT_OPEN}\n\n{MEMORY_HEADER}\n[5 Jan 2026]\n- user: "I like tea"\n\n{CONTEXT_CLOSE}'
     )
     assert context.messages[-1].content == f"{block}\nwhat now"
     report = context.report
@@ -81,7 +81,7 @@ async def test_layout_is_one_system_message_then_alternating_turns(
     sections = report.sections
     assert sections.system == 2
     assert sections.recent == 3 + 3
-    assert sections.memories == words(f'{MEMORY_HEADER}\n- [5 Jan 2026] user: "I like tea"')
+    assert sections.memories == words(f'{MEMORY_HEADER}\n[5 Jan 2026]\n- user: "I like tea"')
     # The new message's part: its words and the context's frame lines.
     assert sections.new_message == 2 + words(CONTEXT_OPEN) + words(CONTEXT_CLOSE)
     assert sections.template == 4 * 3 + 2
@@ -135,9 +135,58 @@ async def test_memories_take_at_most_their_share_best_first(assembler: ContextAs
         recent=[],
         budget=ContextBudget(200, reply_tokens=50, memory_share=0.25),
     )
-    # 37 tokens: the header costs 10 + 2 and each memory line 15 + 1, so two do not fit.
+    # 37 tokens: the header costs 13 + 2, the day's line 3 + 1 and each memory line
+    # 12 + 1, so two do not fit.
     assert [m.turn.id for m in context.report.memories] == [1]
-    assert context.report.sections.memories == 10 + 15
+    assert context.report.sections.memories == 13 + 3 + 12
+
+
+async def test_memories_are_shown_by_day_best_day_first_in_time_order_within_a_day(
+    assembler: ContextAssembler,
+) -> None:
+    later = WHEN + dt.timedelta(days=2)
+    memories = [
+        hit(1, "tea in the evening", 0.9, created_at=later + dt.timedelta(hours=8), seq=7),
+        hit(2, "I moved to Denver", 0.8, created_at=WHEN),
+        hit(3, "coffee after lunch", 0.7, created_at=later, seq=2),
+    ]
+    block = context_block([], memories, [])
+    assert block.splitlines() == [
+        CONTEXT_OPEN,
+        "",
+        MEMORY_HEADER,
+        "[7 Jan 2026]",
+        '- user: "coffee after lunch"',
+        '- user: "tea in the evening"',
+        "[5 Jan 2026]",
+        '- user: "I moved to Denver"',
+        "",
+        CONTEXT_CLOSE,
+    ]
+
+
+async def test_a_memory_pays_for_its_day_line_only_where_it_opens_the_day(
+    assembler: ContextAssembler,
+) -> None:
+    other_day = WHEN + dt.timedelta(days=1)
+    five = "w w w w w"
+    memories = [
+        hit(1, five, 0.9),
+        hit(2, five, 0.8, created_at=other_day),
+        hit(3, five, 0.7, created_at=WHEN + dt.timedelta(hours=1)),
+    ]
+    context = await assemble(
+        assembler,
+        new_message="hi",
+        memories=memories,
+        recent=[],
+        budget=ContextBudget(200, reply_tokens=50, memory_share=0.25),
+    )
+    # 37 tokens: the header 13 + 2; the first memory its line (7 + 1) and its day's (3 + 1),
+    # 27 in all; the second opens another day (12 more: over); the third shares the
+    # first one's day (8 more: 35).
+    assert [m.turn.id for m in context.report.memories] == [1, 3]
+    assert context.report.sections.memories == 13 + 3 + 7 + 7
 
 
 async def test_a_message_that_alone_exceeds_the_window_is_refused(
@@ -168,7 +217,7 @@ async def test_unstable_layout_puts_the_turns_context_in_the_system_message() ->
     assert context.messages[-1].content == "what now"
     sections = context.report.sections
     assert sections.recent == 3 + 3
-    assert sections.memories == words(f'{MEMORY_HEADER}\n- [5 Jan 2026] user: "I like tea"')
+    assert sections.memories == words(f'{MEMORY_HEADER}\n[5 Jan 2026]\n- user: "I like tea"')
     assert sections.new_message == 2
     assert sum(vars_of(sections).values()) == context.report.prompt_tokens
 
@@ -187,7 +236,7 @@ async def test_the_window_gets_the_shares_the_other_sections_leave_unused(
     room = 138 - words(context_block([], tea, []))
     assert await window_room(assembler, new_message="hi there", memories=tea, budget=budget) == room
     # A window of exactly that room is kept whole, and the prompt is then exactly full.
-    assert room == 86
+    assert room == 83
     fits = [turn(1, room - 3 * 23 - 3), *(turn(i, 20) for i in range(2, 5))]
     context = await assemble(
         assembler, new_message="hi there", memories=tea, recent=fits, budget=budget

@@ -44,6 +44,7 @@ from retrieval.prompt.render import (
     format_memory,
     history_message,
     knowledge_text,
+    memory_day,
     memory_text,
     new_facts_text,
     summary_text,
@@ -161,7 +162,11 @@ class ContextAssembler:
         self.check_fits(content_tokens, budget)
         fixed = await self._system_message_tokens(system) + self.message_tokens(content_tokens)
         memories = await self._fit(
-            sections.memories, MEMORY_HEADER, format_memory, budget.memory_tokens
+            sections.memories,
+            MEMORY_HEADER,
+            format_memory,
+            budget.memory_tokens,
+            group=memory_day,
         )
         knowledge = await self._fit(
             sections.knowledge,
@@ -304,20 +309,29 @@ class ContextAssembler:
         limit: int,
         *,
         in_order: bool = False,
+        group: Callable[[T], str] | None = None,
     ) -> list[T]:
         """The best items (memories, chunks) that fit a share under their header, best
         first; one that does not fit is skipped and a shorter one after it may still fit,
-        unless `in_order` (facts), where the first that does not fit ends the list."""
+        unless `in_order` (facts), where the first that does not fit ends the list. With
+        `group`, an item also pays for its group's opening line (a memory's day) where no
+        item chosen before it opened that group."""
         chosen: list[T] = []
+        groups: set[str] = set()
         used = await self._engine.count_tokens(header) + 2
         for item in items:
             cost = await self._engine.count_tokens(line(item)) + 1
+            opening = group(item) if group is not None else None
+            if opening is not None and opening not in groups:
+                cost += await self._engine.count_tokens(opening) + 1
             if used + cost > limit:
                 if in_order:
                     break
                 continue
             chosen.append(item)
             used += cost
+            if opening is not None:
+                groups.add(opening)
         return chosen
 
     async def _fit_recent(self, recent: Sequence[Turn], limit: int) -> list[Turn]:

@@ -59,7 +59,9 @@ CONTEXT_CLOSE = "[memchat] The user's message:"
 NEW_FACTS_HEADER = (
     "Key facts the user has stated since (they replace older ones on the same subject):"
 )
-MEMORY_HEADER = "Memories from earlier conversations with this user (most relevant first):"
+MEMORY_HEADER = (
+    "Memories from earlier conversations with this user, by day (most relevant day first):"
+)
 KNOWLEDGE_HEADER = "Knowledge (most relevant first; the document it comes from first):"
 # A stored system message of an imported history, as the recent window shows it.
 IMPORTED_SYSTEM = "[memchat] A system message of the imported history, quoted:"
@@ -92,16 +94,39 @@ def speaker_label(role: str, name: str | None) -> str:
 
 
 def format_memory(hit: SearchHit) -> str:
+    """A memory's line under its day (`memory_day`): who said it and what, quoted."""
     turn = hit.turn
-    return _memory_line(turn.created_at, turn.role, turn.name, turn.content)
+    return _memory_line(turn.role, turn.name, turn.content)
+
+
+def memory_day(hit: SearchHit) -> str:
+    """The line that opens a day's memories: the stored moment's UTC day, never stored
+    text. A day written once for all its memories leaves room for more of them (a date
+    takes about 10 tokens, a fifth of a LoCoMo memory's line)."""
+    return f"[{day_of(hit.turn.created_at)}]"
 
 
 # A turn's line is written for every turn that ranks among a search's candidates (about
 # fifty a turn, each weighed against the memory budget): the lines of turns that rank
 # again are kept.
 @functools.lru_cache(maxsize=16_384)
-def _memory_line(created_at: dt.datetime, role: str, name: str | None, content: str) -> str:
-    return f"- [{day_of(created_at)}] {speaker_label(role, name)}: {quote(content)}"
+def _memory_line(role: str, name: str | None, content: str) -> str:
+    return f"- {speaker_label(role, name)}: {quote(content)}"
+
+
+def memory_lines(memories: Sequence[SearchHit]) -> list[str]:
+    """The memories (best first) under their days: the days in the order of their best
+    memory, and each day's memories in the order they were said, so that the turns of
+    one conversation read as they went."""
+    days: dict[str, list[SearchHit]] = {}
+    for hit in memories:
+        days.setdefault(memory_day(hit), []).append(hit)
+    lines = []
+    for day, hits in days.items():
+        lines.append(day)
+        ordered = sorted(hits, key=lambda h: (h.turn.created_at, h.turn.session_id, h.turn.seq))
+        lines.extend(format_memory(h) for h in ordered)
+    return lines
 
 
 def format_knowledge(hit: KnowledgeHit) -> str:
@@ -125,7 +150,7 @@ def new_facts_text(facts: Sequence[Fact]) -> str:
 
 
 def memory_text(memories: Sequence[SearchHit]) -> str:
-    return "\n".join([MEMORY_HEADER, *(format_memory(m) for m in memories)])
+    return "\n".join([MEMORY_HEADER, *memory_lines(memories)])
 
 
 def knowledge_text(chunks: Sequence[KnowledgeHit]) -> str:
