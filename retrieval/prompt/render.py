@@ -8,7 +8,8 @@ a fixed header that says so, and every stored string in it is quoted as a JSON s
 direction mark inside it stays inside its quotes. No stored text can start a line, so
 none can forge an item, a speaker, a role or a section header; the speaker of a past
 turn is its stored role (user, assistant, or a system message of imported history),
-with the client's name quoted beside it.
+with the client's name quoted beside it. The only other lines are the days that open
+each day's memories (`[8 May 2023]`), written from the stored time.
 """
 
 from __future__ import annotations
