@@ -20,6 +20,7 @@ from retrieval.prompt.render import (
     MEMORY_HEADER,
     context_block,
 )
+from retrieval.prompt.report import ContextReport
 from retrieval.turns import SearchHit
 from storage.records import Turn
 from tests.fakes import ScriptedEngine
@@ -126,24 +127,25 @@ async def test_oldest_recent_turns_are_dropped_to_fit(assembler: ContextAssemble
     assert context.report.prompt_tokens == 7 + 2 * 33 + (30 + 1 + 3)
 
 
+async def memories_shown(assembler: ContextAssembler, memories: list[SearchHit]) -> ContextReport:
+    """The report of a prompt whose memory share is 37 tokens (25 % of 150)."""
+    budget = ContextBudget(200, reply_tokens=50, memory_share=0.25)
+    context = await assemble(
+        assembler, new_message="hi", memories=memories, recent=[], budget=budget
+    )
+    return context.report
+
+
 async def test_memories_take_at_most_their_share_best_first(assembler: ContextAssembler) -> None:
     memories = [memory(i, " ".join(["m"] * 10), 1.0 - i / 10) for i in range(1, 6)]
-    context = await assemble(
-        assembler,
-        new_message="hi",
-        memories=memories,
-        recent=[],
-        budget=ContextBudget(200, reply_tokens=50, memory_share=0.25),
-    )
+    report = await memories_shown(assembler, memories)
     # 37 tokens: the header costs 13 + 2, the day's line 3 + 1 and each memory line
     # 12 + 1, so two do not fit.
-    assert [m.turn.id for m in context.report.memories] == [1]
-    assert context.report.sections.memories == 13 + 3 + 12
+    assert [m.turn.id for m in report.memories] == [1]
+    assert report.sections.memories == 13 + 3 + 12
 
 
-async def test_memories_are_shown_by_day_best_day_first_in_time_order_within_a_day(
-    assembler: ContextAssembler,
-) -> None:
+def test_memories_are_shown_by_day_best_day_first_in_time_order_within_a_day() -> None:
     later = WHEN + dt.timedelta(days=2)
     memories = [
         hit(1, "tea in the evening", 0.9, created_at=later + dt.timedelta(hours=8), seq=7),
@@ -175,18 +177,12 @@ async def test_a_memory_pays_for_its_day_line_only_where_it_opens_the_day(
         hit(2, five, 0.8, created_at=other_day),
         hit(3, five, 0.7, created_at=WHEN + dt.timedelta(hours=1)),
     ]
-    context = await assemble(
-        assembler,
-        new_message="hi",
-        memories=memories,
-        recent=[],
-        budget=ContextBudget(200, reply_tokens=50, memory_share=0.25),
-    )
+    report = await memories_shown(assembler, memories)
     # 37 tokens: the header 13 + 2; the first memory its line (7 + 1) and its day's (3 + 1),
     # 27 in all; the second opens another day (12 more: over); the third shares the
     # first one's day (8 more: 35).
-    assert [m.turn.id for m in context.report.memories] == [1, 3]
-    assert context.report.sections.memories == 13 + 3 + 7 + 7
+    assert [m.turn.id for m in report.memories] == [1, 3]
+    assert report.sections.memories == 13 + 3 + 7 + 7
 
 
 async def test_a_message_that_alone_exceeds_the_window_is_refused(
