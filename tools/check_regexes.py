@@ -15,8 +15,10 @@ Each is judged three ways; any one fails it:
    starriness above 2, i.e. cubic or exponential backtracking on some input.
 2. An unbounded repeat whose body is a finite set of strings that is not uniquely
    decodable (Sardinas-Patterson): `(?:刚|刚刚)*` splits 刚 x n in Fibonacci(n) ways
-   and backtracks through all of them on a failing match. regexploit reasons about
-   characters, not strings, and misses these.
+   and backtracks through all of them on a failing match; or whose body can match a
+   run of one character through a repeat of its own (`(?:(?:了|哈+)[,.]*)+`).
+   regexploit reasons about characters, not strings, and misses the first; it gives
+   up on the second where a long alternation surrounds it.
 3. Three unbounded repeats over a shared character, in a row with only optional or
    zero-width items between (the implicit scan over start positions of an unanchored
    search counts as one): `(?:^|\\n)\\s*[<]?\\s*x` is cubic on a run of newlines.
@@ -214,6 +216,46 @@ def ambiguous(words: set[str]) -> bool:
     return False
 
 
+def _nullable(items: Any) -> bool:
+    return all(_item_nullable(op, arg) for op, arg in items)
+
+
+def _item_nullable(op: Any, arg: Any) -> bool:
+    if op in (sre_constants.AT, sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+        return True
+    if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
+        return arg[0] == 0 or _nullable(arg[2])
+    if op is sre_constants.SUBPATTERN:
+        return _nullable(arg[-1])
+    if op is sre_constants.BRANCH:
+        return any(_nullable(branch) for branch in arg[1])
+    return False
+
+
+def _pumped(items: Any, flags: int) -> bool:
+    """Can `items` match a run of one character by way of an unbounded repeat of it,
+    everything else matching nothing (`哈+`, `(?:了|哈+)`, `哈+[,.]*`)?"""
+    items = list(items)
+    for position, (op, arg) in enumerate(items):
+        rest = items[:position] + items[position + 1 :]
+        if _nullable(rest) and _item_pumped(op, arg, flags):
+            return True
+    return False
+
+
+def _item_pumped(op: Any, arg: Any, flags: int) -> bool:
+    if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
+        low, high, body = arg
+        if high == sre_constants.MAXREPEAT and low <= 1 and len(body) == 1:
+            return _chars(body[0][0], body[0][1], flags) is not None
+        return high == sre_constants.MAXREPEAT and _pumped(body, flags)
+    if op is sre_constants.SUBPATTERN:
+        return _pumped(arg[-1], flags | arg[1])
+    if op is sre_constants.BRANCH:
+        return any(_pumped(branch, flags) for branch in arg[1])
+    return False
+
+
 def _ambiguous_repeats(items: Any, flags: int) -> Iterator[str]:
     for op, arg in items:
         if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
@@ -222,6 +264,8 @@ def _ambiguous_repeats(items: Any, flags: int) -> Iterator[str]:
                 words = _strings(body, flags)
                 if words is not None and ambiguous(words):
                     yield "ambiguous strings under a repeat: " + "|".join(sorted(words)[:12])
+                elif _pumped(body, flags):
+                    yield "a repeat of one character under a repeat (exponential): (x+)+"
             yield from _ambiguous_repeats(body, flags)
         elif op is sre_constants.SUBPATTERN:
             yield from _ambiguous_repeats(arg[-1], flags | arg[1])
