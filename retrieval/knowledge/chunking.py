@@ -28,6 +28,9 @@ _HEADING = re.compile(r"(#{1,6})([ \t]+)")
 _FENCE = re.compile(r"^(```|~~~)")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 LATIN_CHARS_PER_TOKEN = 4
+# A chunk's heading path is cut to this many characters (the size of its stored column):
+# a heading is a line, and a line may be as long as the document.
+MAX_HEADING_PATH_CHARS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +77,16 @@ def sections(text: str, *, markdown: bool) -> Iterator[tuple[str, str]]:
         if heading is None:
             body.append(line)
             continue
-        yield " > ".join(title for _, title in path), "\n".join(body)
+        yield _path_text(path), "\n".join(body)
         level, heading_title = heading
         path = [(lvl, title) for lvl, title in path if lvl < level]
         path.append((level, heading_title))
         body = []
-    yield " > ".join(title for _, title in path), "\n".join(body)
+    yield _path_text(path), "\n".join(body)
+
+
+def _path_text(path: list[tuple[int, str]]) -> str:
+    return " > ".join(title for _, title in path)[:MAX_HEADING_PATH_CHARS]
 
 
 def _heading(line: str) -> tuple[int, str] | None:
