@@ -50,8 +50,7 @@ with warnings.catch_warnings():
     from regexploit.ast.sre import SreOpParser  # type: ignore[import-untyped]  # no stubs
     from regexploit.redos import find  # type: ignore[import-untyped]  # no stubs
 
-# Another checkout to check may be named on the command line.
-ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent.parent).resolve()
+ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("app", "retrieval", "storage")
 RE_CALLS = {"compile", "search", "match", "fullmatch", "sub", "subn", "split", "findall"}
 RE_CALLS |= {"finditer"}
@@ -68,17 +67,17 @@ class Found:
     flags: int
 
 
-def _sources() -> Iterator[Path]:
+def _sources(root: Path) -> Iterator[Path]:
     for package in PACKAGES:
-        yield from sorted((ROOT / package).rglob("*.py"))
+        yield from sorted((root / package).rglob("*.py"))
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _literal_patterns(path: Path) -> Iterator[Found]:
+def _literal_patterns(path: Path, root: Path) -> Iterator[Found]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if not (
@@ -98,7 +97,7 @@ def _literal_patterns(path: Path) -> Iterator[Found]:
                 flags |= getattr(re, keyword.value.attr, 0)
         if node.func.attr == "compile" and len(node.args) > 1:
             flags |= _flags_of(node.args[1])
-        yield Found(f"{path.relative_to(ROOT)}:{node.lineno}", node.args[0].value, flags)
+        yield Found(f"{path.relative_to(root)}:{node.lineno}", node.args[0].value, flags)
 
 
 def _flags_of(node: ast.expr) -> int:
@@ -128,19 +127,21 @@ def _held(value: Any, where: str, depth: int = 0) -> Iterator[Found]:
         yield from _held(item, where, depth + 1)
 
 
-def _imported_patterns(path: Path) -> Iterator[Found]:
-    module = importlib.import_module(_module_name(path))
+def _imported_patterns(path: Path, root: Path) -> Iterator[Found]:
+    module = importlib.import_module(_module_name(path, root))
     for name, value in vars(module).items():
         yield from _held(value, f"{module.__name__}.{name}")
 
 
-def patterns() -> list[Found]:
+def patterns(root: Path = ROOT) -> list[Found]:
+    """Every pattern of the packages under `root` (which must be importable)."""
     found: dict[tuple[str, int], Found] = {}
-    for path in _sources():
+    for path in _sources(root):
         text = path.read_text(encoding="utf-8")
         if "re." not in text or path.name == "__main__.py":
             continue
-        for item in itertools.chain(_literal_patterns(path), _imported_patterns(path)):
+        items = itertools.chain(_literal_patterns(path, root), _imported_patterns(path, root))
+        for item in items:
             found.setdefault((item.pattern, item.flags), item)
     return list(found.values())
 
@@ -471,8 +472,10 @@ def problems(item: Found) -> list[str] | None:
 
 
 def main() -> int:
-    sys.path.insert(0, str(ROOT))
-    found = patterns()
+    # Another checkout to check may be named on the command line.
+    root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT
+    sys.path.insert(0, str(root))
+    found = patterns(root)
     failures = 0
     partial = []
     for item in found:
