@@ -5,10 +5,10 @@ expressions over a sentence. A match counts only when its clause, up to the valu
 holds nothing that makes it a question, a hypothetical, a past state or somebody
 else's fact. Messages that try to instruct the assistant yield nothing at all.
 
-Cost: every rule is a backtracking `re` pattern written so that it stays polynomial of
-low degree (no alternation under a repeat that can split the same text two ways, no
-two unbounded repeats over the same characters next to each other: `tools/
-check_regexes.py` checks both in `make lint`), and no rule reads more than
+Cost: every rule is a backtracking `re` pattern written so that it stays at most
+quadratic (no alternation under a repeat that can split the same text two ways, no
+three unbounded repeats over a shared character in a row: `tools/check_regexes.py`
+checks both in `make lint`), and no rule reads more than
 `MAX_PIECE_CHARS` characters at once: a sentence is read whole when it is shorter,
 in pieces cut after a clause mark (or, for a clause longer than that, hard) otherwise.
 So one call costs time linear in the message, each rule's match a bounded slice, and
