@@ -135,22 +135,22 @@ async def test_knowledge_heading_of_many_hashes(settings: Settings) -> None:
 
 
 async def test_openai_history_over_the_limit_is_refused_first(settings: Settings) -> None:
-    """8,000 messages against a session of 2,000: refused (the OpenAI error body, 400)
-    before the session is read or matched."""
+    """8,000 messages against a session of 8,000: refused (the OpenAI error body, 400)
+    before the session is read or matched. The history differs from the session halfway,
+    so trying every overlap size compared 16 million message pairs."""
     with live_server(_app(settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=DEADLINE_S) as client:
             session = await _session(client, "u")
-            stored = [
-                {"role": ("user", "assistant")[i % 2], "content": f"message {i}"}
-                for i in range(2000)
-            ]
+            # Blanks around the text: each comparison strips two copies of it.
+            stored = [{"role": "user", "content": " " + "m" * 380 + " "}] * 8000
             for start in range(0, len(stored), 1000):
                 imported = await client.post(
                     f"/v1/sessions/{session}/history",
                     json={"messages": stored[start : start + 1000]},
                 )
                 assert imported.status_code == 201, imported.text
-            sent = [*stored, *stored, *stored, *stored[:-1], {"role": "user", "content": "hi"}]
+            history = [*stored[:4000], {"role": "user", "content": "x"}, *stored[:3998]]
+            sent = [*history, {"role": "user", "content": "hi"}]
             assert len(sent) == 8000
             response = await _while_answering(
                 client,
