@@ -57,6 +57,7 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(BIN)/python tools/check_regexes.py
 
 # The local vLLM engine (CPU) in its own venv, .venv-vllm: installed and the model converted
 # once; later runs only check. `make test` needs it for the vLLM adapter's tests.

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval.knowledge.chunking import Chunk, Chunker, count_tokens, sections
+from retrieval.knowledge.chunking import (
+    MAX_HEADING_PATH_CHARS,
+    Chunk,
+    Chunker,
+    count_tokens,
+    sections,
+)
 
 
 def test_token_counts_for_english_and_chinese() -> None:
@@ -59,3 +65,32 @@ def test_headings_alone_make_no_chunks() -> None:
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="overlap_tokens < max_tokens"):
         Chunker(max_tokens=4, overlap_tokens=4)
+
+
+def test_a_heading_line_of_many_hashes_is_read_in_linear_time() -> None:
+    # Quadratic before: the lazy title rescanned the rest of the line at each character.
+    line = "# " + "# " * 15000 + "x"
+    assert list(sections(line + "\n\nbody", markdown=True)) == [
+        ("", ""),
+        ("# " * (MAX_HEADING_PATH_CHARS // 2), "\nbody"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "title"),
+    [
+        ("## Install ##", "Install"),
+        ("# #", "#"),
+        ("#  ", ""),
+        ("# ", None),
+        ("####### x", None),
+        ("#x", None),
+        ("### a # b \t#", "a # b"),
+    ],
+)
+def test_headings_read_as_before(line: str, title: str | None) -> None:
+    found = list(sections(line + "\nbody", markdown=True))
+    if title is None:
+        assert found == [("", line + "\nbody")]
+    else:
+        assert found == [("", ""), (title, "body")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -10,6 +11,8 @@ from retrieval.errors import EngineError
 from retrieval.facts.llm import SCHEMA, LlmFactExtractor
 from retrieval.facts.model import CandidateFact, is_instruction, statement
 from retrieval.facts.rules import rule_extractor
+from retrieval.facts.rules.en import ENGLISH
+from retrieval.facts.rules.engine import RuleExtractor, pieces
 
 
 def extract(text: str) -> list[tuple[str, str]]:
@@ -137,3 +140,48 @@ async def test_llm_extractor_never_sends_instructions_and_refuses_non_json() -> 
     assert engine.requests == []
     with pytest.raises(EngineError):
         await LlmFactExtractor(engine, "x").extract("I live in Rome")
+
+
+# Each took from seconds to years before: 刚|刚刚 and 但|但是 under *, 哈+ under +, and a
+# lazy run between two runs of blanks (the rules' results are checked, not their time).
+@pytest.mark.parametrize(
+    ("text", "facts"),
+    [
+        ("刚" * 100 + "X", []),
+        ("我" + "刚" * 100 + "叫小明", [("name", "小明")]),
+        ("我" + "但是" * 100 + "X", []),
+        ("我在" + "哈" * 100 + "X出生", []),
+        ("i work at" + " " * 3000 + "x", []),
+        ("I moved from" + " " * 3000 + "x", []),
+    ],
+)
+def test_text_that_made_the_rules_backtrack(text: str, facts: list[tuple[str, str]]) -> None:
+    assert extract(text) == facts
+
+
+def test_long_sentences_are_read_in_pieces_cut_after_a_clause_mark() -> None:
+    sentence = "I live in Paris, " + "very " * 100 + "x, and " + "y" * 700 + "."
+    # After "Paris,"; 300 blind; after "x,"; 300 blind twice; the rest.
+    assert list(pieces(sentence, 0, len(sentence))) == [
+        (0, 16),
+        (16, 316),
+        (316, 519),
+        (519, 819),
+        (819, 1119),
+        (1119, 1225),
+    ]
+    assert extract(sentence) == [("home", "Paris")]
+    assert extract("，".join(["我很好"] * 200) + "，我叫小明") == [("name", "小明")]
+
+
+async def test_rule_extraction_runs_in_a_worker_thread() -> None:
+    class Recording(RuleExtractor):
+        def extract_now(self, text: str) -> list[CandidateFact]:
+            self.thread = threading.current_thread()
+            return super().extract_now(text)
+
+    extractor = Recording([ENGLISH])
+    assert await extractor.extract("I live in Rome.") == [
+        CandidateFact("identity", "home", "Rome", "en")
+    ]
+    assert extractor.thread is not threading.main_thread()

@@ -134,6 +134,9 @@ def test_the_newest_messages_are_never_pruned() -> None:
         ("I'm allergic to peanuts, thanks", False),
         ("帮我解释一下动量守恒", False),
         ("午饭推荐什么？", False),
+        # A run of 哈 before a non-match split every way before (exponential).
+        ("哈" * 150 + "x", False),
+        ("哈哈哈，嗯嗯哦哦！", True),
     ],
 )
 def test_small_talk_is_told_apart_from_substance(text: str, small: bool) -> None:

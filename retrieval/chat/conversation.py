@@ -11,7 +11,9 @@ Matching: the longest run at the start of the client's history that equals the
 session's last messages (role and text, surrounding white space ignored) is already
 stored; the rest is new. A client that trims old messages still matches (its history
 starts later in the session); one that retries a turn whose reply failed (the session
-ends with the same user message, unanswered) matches the messages before it.
+ends with the same user message, unanswered) matches the messages before it. A
+history is at most one import long (`max_import_messages`, refused before anything is
+read), so a whole conversation resent costs one bounded read and a linear match.
 """
 
 from __future__ import annotations
@@ -51,17 +53,38 @@ def conversation_id(tenant_id: int, user_id: str, first_message: str) -> str:
     return str(uuid.uuid5(CONVERSATION_NAMESPACE, f"{tenant_id}\n{user_id}\n{first_message}"))
 
 
-def _same(stored: Turn, sent: ChatMessage) -> bool:
-    return stored.role == sent.role and stored.content.strip() == sent.content.strip()
+def _key(message: Turn | ChatMessage) -> tuple[str, str]:
+    return message.role, message.content.strip()
 
 
 def _overlap(stored: Sequence[Turn], sent: Sequence[ChatMessage]) -> int:
-    """How many of `sent`'s first messages are the last messages of `stored`."""
-    for size in range(min(len(stored), len(sent)), 0, -1):
-        tail = stored[len(stored) - size :]
-        if all(_same(s, m) for s, m in zip(tail, sent[:size], strict=True)):
-            return size
-    return 0
+    """How many of `sent`'s first messages are the last messages of `stored`.
+
+    Knuth-Morris-Pratt over the messages' keys: the longest prefix of `sent` that ends
+    `stored`, in time linear in both (each key compared a bounded number of times),
+    where trying every size would be quadratic."""
+    pattern = [_key(m) for m in sent[: len(stored)]]
+    if not pattern:
+        return 0
+    # fallback[i]: the longest proper prefix of pattern[: i + 1] that also ends it.
+    fallback = [0] * len(pattern)
+    size = 0
+    for position in range(1, len(pattern)):
+        while size and pattern[position] != pattern[size]:
+            size = fallback[size - 1]
+        if pattern[position] == pattern[size]:
+            size += 1
+        fallback[position] = size
+    size = 0
+    for message in stored[len(stored) - len(pattern) :]:
+        key = _key(message)
+        if size == len(pattern):
+            size = fallback[size - 1]
+        while size and key != pattern[size]:
+            size = fallback[size - 1]
+        if key == pattern[size]:
+            size += 1
+    return size
 
 
 def new_part(
@@ -124,7 +147,12 @@ class ClientConversation:
     ) -> tuple[ClientTurn, AsyncGenerator[TurnEvent]]:
         """Store the part of `history` the session lacks, then the turn's events (the
         generator is not started: the caller runs it). `instructions`: the client's
-        system message, placed after the service's own prompt."""
+        system message, placed after the service's own prompt.
+
+        A history longer than one import is refused before the session is read: the
+        stored messages read are at most one more than the client sent, and matching
+        them is linear."""
+        self._history.check_count(len(history))
         for position, message in enumerate(history):
             if message.role not in ("user", "assistant"):
                 raise InvalidInputError(

@@ -36,14 +36,18 @@ class HistoryImport:
         self._config = config
         self._on_new_messages = on_new_messages or (lambda _user_pk: None)
 
-    def check(self, messages: Sequence[NewTurn]) -> None:
-        """Refuse an import over its limits (count, each message, all characters)."""
-        if len(messages) > self._config.max_import_messages:
+    def check_count(self, num_messages: int) -> None:
+        """Refuse more messages than one import takes (checked before any other work)."""
+        if num_messages > self._config.max_import_messages:
             raise InvalidInputError(
                 "messages",
-                f"{len(messages)} messages in one import; the limit is "
+                f"{num_messages} messages in one import; the limit is "
                 f"{self._config.max_import_messages}",
             )
+
+    def check(self, messages: Sequence[NewTurn]) -> None:
+        """Refuse an import over its limits (count, each message, all characters)."""
+        self.check_count(len(messages))
         for position, item in enumerate(messages):
             check_text(
                 item.content, f"messages[{position}].content", self._config.max_content_chars

@@ -24,10 +24,13 @@ from dataclasses import dataclass
 from retrieval.text import CJK
 
 _TOKEN = re.compile(rf"[{CJK}]|[^\W{CJK}]+|[^\s\w]", re.UNICODE)
-_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
+_HEADING = re.compile(r"(#{1,6})([ \t]+)")
 _FENCE = re.compile(r"^(```|~~~)")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 LATIN_CHARS_PER_TOKEN = 4
+# A chunk's heading path is cut to this many characters (the size of its stored column):
+# a heading is a line, and a line may be as long as the document.
+MAX_HEADING_PATH_CHARS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +73,38 @@ def sections(text: str, *, markdown: bool) -> Iterator[tuple[str, str]]:
     for line in text.splitlines():
         if _FENCE.match(line.strip()):
             in_fence = not in_fence
-        heading = None if in_fence else _HEADING.match(line)
+        heading = None if in_fence else _heading(line)
         if heading is None:
             body.append(line)
             continue
-        yield " > ".join(title for _, title in path), "\n".join(body)
-        level = len(heading.group(1))
+        yield _path_text(path), "\n".join(body)
+        level, heading_title = heading
         path = [(lvl, title) for lvl, title in path if lvl < level]
-        path.append((level, heading.group(2).strip()))
+        path.append((level, heading_title))
         body = []
-    yield " > ".join(title for _, title in path), "\n".join(body)
+    yield _path_text(path), "\n".join(body)
+
+
+def _path_text(path: list[tuple[int, str]]) -> str:
+    return " > ".join(title for _, title in path)[:MAX_HEADING_PATH_CHARS]
+
+
+def _heading(line: str) -> tuple[int, str] | None:
+    """(level, title) of a Markdown heading line ("## Install ##"), or None.
+
+    The trailing blanks and #s are cut with `str.rstrip`, in linear time: a lazy title
+    group before `[ \t#]*$` rescans the rest of the line at each character it takes,
+    quadratic on a long line of "# # # ...". Same results: the title is all after the
+    blanks up to its trailing blanks and #s, or its first character where that leaves
+    nothing ("# #" is titled "#"); a line of #s and two or more blanks is an empty
+    heading, one with a single blank none."""
+    match = _HEADING.match(line)
+    if match is None:
+        return None
+    rest = line[match.end() :]
+    if not rest:
+        return (len(match.group(1)), "") if len(match.group(2)) > 1 else None
+    return len(match.group(1)), (rest.rstrip(" \t#") or rest[0]).strip()
 
 
 class Chunker:

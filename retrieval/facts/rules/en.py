@@ -123,8 +123,8 @@ RULES: list[Rule] = [
         "identity",
         "occupation",
         I_SUBJECT
-        + r"(?:work|worked|been working)(?:ing)? (?:at|for|in)\s+[^,.;!?]+?\s+as\s+(?:an?\s+)?"
-        + OCCUPATION,
+        + r"(?:work|worked|been working)(?:ing)? (?:at|for|in)\s+[^,.;!?]*?[^,.;!?\s]\s+as\s+"
+        r"(?:an?\s+)?" + OCCUPATION,
     ),
     Rule("identity", "employer", I_AM + r"employed (?:at|by)\s+" + ITEM),
     Rule(
@@ -146,7 +146,9 @@ RULES: list[Rule] = [
     Rule(
         "identity",
         "home",
-        r"\bi(?:'ve| have)?\s+" + ADVERBS + r"(?:moved|relocated)(?:\s+from\s+[^,.;!?]+?)?"
+        r"\bi(?:'ve| have)?\s+"
+        + ADVERBS
+        + r"(?:moved|relocated)(?:\s+from\s+[^,.;!?]*?[^,.;!?\s])?"
         r"\s+to\s+" + ITEM,
     ),
     Rule("identity", "home", r"\bmy home is in\s+" + ITEM),

@@ -4,13 +4,24 @@ A message is cut into sentences and clauses; each language's rules are regular
 expressions over a sentence. A match counts only when its clause, up to the value,
 holds nothing that makes it a question, a hypothetical, a past state or somebody
 else's fact. Messages that try to instruct the assistant yield nothing at all.
+
+Cost: every rule is a backtracking `re` pattern written so that it stays at most
+quadratic (no alternation under a repeat that can split the same text two ways, no
+three unbounded repeats over a shared character in a row: `tools/check_regexes.py`
+checks both in `make lint`), and no rule reads more than
+`MAX_PIECE_CHARS` characters at once: a sentence is read whole when it is shorter,
+in pieces cut after a clause mark (or, for a clause longer than that, hard) otherwise.
+So one call costs time linear in the message, each rule's match a bounded slice, and
+`extract` runs it in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+import anyio
 
 from retrieval.facts.model import CandidateFact, is_instruction, normalize
 
@@ -59,6 +70,22 @@ class Language:
 
 _SENTENCE = re.compile(r"[^.!?;。！？；\n]+[.!?;。！？；]*")
 _CLAUSE = re.compile(r"[^,，:：]+")
+_CLAUSE_MARKS = ",，:："
+# The most characters one rule reads at once (far above a spoken sentence).
+MAX_PIECE_CHARS = 300
+
+
+def pieces(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """Spans of `text[start:end]` of at most MAX_PIECE_CHARS each, cut just after the
+    last clause mark that fits, or hard where none does."""
+    while end - start > MAX_PIECE_CHARS:
+        limit = start + MAX_PIECE_CHARS
+        cut = max(text.rfind(mark, start, limit) for mark in _CLAUSE_MARKS) + 1
+        if cut <= start:
+            cut = limit
+        yield start, cut
+        start = cut
+    yield start, end
 
 
 def _clause_at(sentence: str, position: int) -> tuple[int, int]:
@@ -83,7 +110,7 @@ class RuleExtractor:
         self._languages = languages
 
     async def extract(self, text: str) -> list[CandidateFact]:
-        return self.extract_now(text)
+        return await anyio.to_thread.run_sync(self.extract_now, text)
 
     def extract_now(self, text: str) -> list[CandidateFact]:
         """The same, synchronously: rules need no I/O."""
@@ -93,9 +120,10 @@ class RuleExtractor:
         for language in self._languages:
             folded = language.fold(text)
             for sentence in _SENTENCE.finditer(folded):
-                original = text[sentence.start() : sentence.end()]
-                for fact in self._sentence_facts(language, sentence.group(), original):
-                    found.setdefault(normalize(fact.subject), fact)
+                for start, end in pieces(folded, sentence.start(), sentence.end()):
+                    piece, original = folded[start:end], text[start:end]
+                    for fact in self._sentence_facts(language, piece, original):
+                        found.setdefault(normalize(fact.subject), fact)
         return list(found.values())
 
     def _sentence_facts(

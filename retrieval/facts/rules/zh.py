@@ -4,6 +4,12 @@ Rules read a clause-by-clause copy of the text folded to simplified characters (
 character for one, so spans map back and values keep the user's own characters).
 A clause may drop its subject when the clause before it began with 我
 (我原来住在北京，现在搬到上海了): rules then also match without 我.
+
+Every list of words under a repeat (ADVERBS, _TRAILING, _LEADING) is a prefix code: no
+word begins another, so a run of them splits into words one way only and a failing
+match backtracks through it once. 刚刚 is 刚 twice, 但是 但 then 是, 哈哈 哈 twice: with
+both spellings listed, 刚 x n splits in Fibonacci(n) ways, and 29 characters took
+seconds. `tools/check_regexes.py` refuses such a list.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ _TRADITIONAL = str.maketrans(
 ME = r"(?:^|(?<=[，,：:\s]))[^，,。！？!?；;：:我]{0,10}?(?:我|本人)?"
 ADVERBS = (
     r"(?:现在|目前|一直|也|还|都|就|今年|已经|平时|其实|真的|非常|特别|很|超|最|本人|是|从小|"
-    r"天生|有点|比较|严重|刚|刚刚|才|这人|这个人|但|但是|可是|不过|而且)*"
+    r"天生|有点|比较|严重|刚|才|这人|这个人|但|可是|不过|而且)*"
 )
 VALUE = r"(?P<v>[^，,。！？!?；;：:\s、]+?)"
 ITEMS = r"(?P<v>[^，,。！？!?；;：:\s]+?)"
@@ -222,9 +228,9 @@ _PRONOUNS = {
 }
 _TRAILING = re.compile(
     r"(?:很多年|好多年|多年|很久|好久|一段时间|几年|一年|两年|三年|半年|好几年|已经|了|啦|呀|啊|哦|"
-    r"哈+|呢|吧|嘛|的|一辈子|得不得了|得要命|极了|死了|透了|啊啊)+$"
+    r"哈|呢|吧|嘛|的|一辈子|得不得了|得要命|极了|死了|透了)+$"
 )
-_LEADING = re.compile(r"^(?:一些|很多|各种|所有的?|任何|了|在|的|吃)+")
+_LEADING = re.compile(r"^(?:一些|很多|各种|所有|任何|了|在|的|吃)+")
 
 
 _FIRST_PERSON = re.compile(
