@@ -30,9 +30,11 @@ from sqlalchemy import select
 from app.factory import create_app
 from app.settings import Settings
 from retrieval.prompt.render import CONTEXT_CLOSE, CONTEXT_OPEN, NEW_FACTS_HEADER
-from storage.db import create_engine
+from storage.db import Database, create_engine
 from storage.facts import RETIRED_TEXT
 from storage.models import Base
+from storage.records import NewTurn
+from storage.repositories import Repositories
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import MEMCHAT, cli_env, live_server
 from tests.test_access import Keys, bearer, make_keys
@@ -308,3 +310,39 @@ async def admin_answers(
     messages = answers[1].json()["messages"]
     assert [m["message"]["role"] for m in messages] == ["user", "assistant"] * 3
     return [a.text for a in answers], messages
+
+
+async def test_a_context_showing_a_message_deleted_meanwhile_is_not_stored(
+    database_url: str,
+) -> None:
+    """A turn that retrieved a message before its session was deleted and stores its
+    context after: that context is dropped, another turn's is kept."""
+    engine = create_engine(database_url)
+    repos = Repositories.of(Database(engine))
+    try:
+        first, _ = await repos.sessions.create_session("dana", None, {}, tenant_id=1)
+        second, _ = await repos.sessions.create_session("dana", None, {}, tenant_id=1)
+        [said] = (await repos.messages.append(first, [NewTurn("user", LOCKER)])).turns
+        [kept] = (await repos.messages.append(second, [NewTurn("user", NAME)])).turns
+        await repos.sessions.delete_session(first.id)
+        late = NewTurn(
+            "user",
+            QUESTION,
+            context_note=[f"quoting {LOCKER}"],
+            context_note_tokens=9,
+            context_note_ids=[kept.id, said.id],
+            context_note_fact_ids=[],
+        )
+        other = NewTurn(
+            "user", QUESTION, context_note=[f"quoting {NAME}"], context_note_ids=[kept.id]
+        )
+        await repos.messages.append(second, [late, other])
+        stored = await repos.messages.list_messages(second.id)
+        assert [(t.content, t.context_note, t.context_note_ids) for t in stored] == [
+            (NAME, None, None),
+            (QUESTION, None, None),
+            (QUESTION, [f"quoting {NAME}"], [kept.id]),
+        ]
+        assert stored[1].context_note_tokens == 0
+    finally:
+        await engine.dispose()
