@@ -29,7 +29,9 @@ from sqlalchemy import select
 
 from app.factory import create_app
 from app.settings import Settings
+from retrieval.indexes.faiss import FaissIndex
 from retrieval.prompt.render import CONTEXT_CLOSE, CONTEXT_OPEN, NEW_FACTS_HEADER
+from retrieval.search.memory import RetrievalConfig, TurnMemory
 from storage.db import Database, create_engine
 from storage.facts import RETIRED_TEXT
 from storage.models import Base
@@ -344,5 +346,51 @@ async def test_a_context_showing_a_message_deleted_meanwhile_is_not_stored(
             (QUESTION, [f"quoting {NAME}"], [kept.id]),
         ]
         assert stored[1].context_note_tokens == 0
+    finally:
+        await engine.dispose()
+
+
+async def test_another_process_drops_the_turns_and_their_words_at_its_next_search(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two processes on one database: the one that did not delete catches up at its next
+    search (the user's change count) and its saved lexical snapshot holds none of the
+    deleted words either."""
+    engine = create_engine(database_url)
+    repos = Repositories.of(Database(engine))
+    files = tmp_path / "processes"
+
+    def process(name: str) -> TurnMemory:
+        embedder = HashEmbedder()
+        return TurnMemory(
+            repos.messages,
+            repos.embeddings,
+            embedder,
+            FaissIndex(files / name / "faiss", embedder.dimension),
+            RetrievalConfig(),
+            snapshot_dir=files / name / "bm25",
+        )
+
+    try:
+        deleting, other = process("a"), process("b")
+        first, user = await repos.sessions.create_session("dana", None, {}, tenant_id=1)
+        second, _ = await repos.sessions.create_session("dana", None, {}, tenant_id=1)
+        [said] = (await repos.messages.append(first, [NewTurn("user", LOCKER)])).turns
+        [kept] = (await repos.messages.append(second, [NewTurn("user", NAME)])).turns
+        await deleting.index([said, kept], fresh=True)
+        query = f"locker code {MARKER}"
+        vector = await other.embed_query(user.id, query)
+        found = await other.search(user.id, vector, 5, query=query)
+        assert [hit.id for hit in found] == [said.id, kept.id]
+        await other.save()
+        assert files_holding_marker(files) == ["b/bm25/scope-1.bm25"]
+
+        deleted = await repos.sessions.delete_session(first.id)
+        await deleting.forget(user.id, deleted.message_ids)
+        version = await repos.embeddings.get_memory_version(user.id)
+        found = await other.search(user.id, vector, 5, query=query, version=version)
+        assert [hit.id for hit in found] == [kept.id]
+        await other.save()
+        assert files_holding_marker(files) == []
     finally:
         await engine.dispose()
