@@ -304,7 +304,14 @@ async def build_runtime(
         conversations=ClientConversation(
             repositories.sessions, repositories.messages, history, turns
         ),
-        sessions=ChatSessions(repositories.sessions, memory, locks, prefixes, config),
+        sessions=ChatSessions(
+            repositories.sessions,
+            memory,
+            locks,
+            prefixes,
+            config,
+            note_tokens=assembler.note_tokens,
+        ),
         search=MemorySearch(
             repositories.messages,
             memory,

@@ -45,9 +45,12 @@ def json_loads(text: str | bytes) -> Any:
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    # WAL lets readers proceed during a write; foreign keys make deletes cascade.
+    # WAL lets readers proceed during a write; foreign keys make deletes cascade; deleted
+    # content is overwritten with zeros, so that the text of a deleted session or user
+    # does not stay readable in the file's free pages (`docs/api.md`).
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA secure_delete=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=30000")

@@ -353,3 +353,99 @@ def _new_row(user_pk: int, new_fact: NewFact) -> FactRow:
         model=new_fact.model,
         vector=new_fact.vector,
     )
+
+
+# What a fact retired with the messages it came from reads as, in its row and in every
+# entry of its history: the text was the deleted messages' text.
+RETIRED_TEXT = "(deleted with the messages it was stated in)"
+# The fields of a fact (and of its history's snapshots) that hold what was stated.
+_STATED = ("text", "value")
+
+
+@dataclass(frozen=True, slots=True)
+class FactsOfDeletedMessages:
+    """What deleting messages did to the facts drawn from them: `retired` (as they read
+    before, for the caller to take their lines out of stored contexts) had no other
+    source; `trimmed` keep their other sources."""
+
+    retired: list[Fact]
+    trimmed: list[Fact]
+
+
+def _subject_key(subject: str | None) -> str | None:
+    """A subject without its item, which may be a stated value (`allergy:peanuts`)."""
+    return None if subject is None else subject.partition(":")[0]
+
+
+def _redacted(values: dict[str, Any] | None) -> dict[str, Any] | None:
+    if values is None:
+        return None
+    found = {**values, **{name: RETIRED_TEXT for name in _STATED if values.get(name) is not None}}
+    if "subject" in found:
+        found["subject"] = _subject_key(found["subject"])
+    if "merged_text" in found:
+        found["merged_text"] = RETIRED_TEXT
+    return found
+
+
+async def forget_message_sources(
+    session: AsyncSession, user_pk: int, message_ids: Collection[int], actor: str
+) -> FactsOfDeletedMessages:
+    """In the caller's transaction (which deletes the messages): each fact of the user
+    whose only sources were `message_ids` is retired (status `deleted`, a `retired`
+    change recorded) and what it stated is redacted in its row and its whole history, so
+    that no surface returns the deleted messages' text; a fact with other sources keeps
+    them (a `sources_removed` change), and the merges that the deleted messages made
+    into it lose their quoted text. Facts stated without a source are left alone."""
+    deleted = set(message_ids)
+    if not deleted:
+        return FactsOfDeletedMessages([], [])
+    rows = (await session.scalars(select(FactRow).where(FactRow.user_pk == user_pk))).all()
+    sourced = [row for row in rows if deleted.intersection(row.source_message_ids or ())]
+    retired: list[Fact] = []
+    trimmed: list[Fact] = []
+    for fact in sourced:
+        before = snapshot(fact)
+        kept = [i for i in fact.source_message_ids if i not in deleted]
+        if kept:
+            fact.source_message_ids = kept
+            fact.updated_at = utc_now()
+            session.add(_change(fact, "sources_removed", actor, before))
+            trimmed.append(to_record(Fact, fact))
+            await _redact_merges(session, fact.id, deleted)
+            continue
+        retired.append(to_record(Fact, fact))
+        fact.source_message_ids = []
+        fact.status = "deleted"
+        fact.valid_to = fact.valid_to or utc_now()
+        fact.text = RETIRED_TEXT
+        fact.value = None if fact.value is None else RETIRED_TEXT
+        fact.subject = _subject_key(fact.subject)
+        fact.model = None
+        fact.vector = None
+        fact.updated_at = utc_now()
+        await _redact_history(session, fact.id)
+        session.add(_change(fact, "retired", actor, _redacted(before)))
+    await session.flush()
+    return FactsOfDeletedMessages(retired, trimmed)
+
+
+async def _redact_history(session: AsyncSession, fact_id: int) -> None:
+    changes = await session.scalars(select(FactChangeRow).where(FactChangeRow.fact_id == fact_id))
+    for change in changes.all():
+        change.before = _redacted(change.before)
+        change.after = _redacted(change.after)
+
+
+async def _redact_merges(session: AsyncSession, fact_id: int, deleted: set[int]) -> None:
+    """The quoted text of merges whose new sources were all deleted messages."""
+    changes = await session.scalars(
+        select(FactChangeRow).where(
+            FactChangeRow.fact_id == fact_id, FactChangeRow.action == "merged"
+        )
+    )
+    for change in changes.all():
+        before = set((change.before or {}).get("source_message_ids") or ())
+        added = set((change.after or {}).get("source_message_ids") or ()) - before
+        if added and added <= deleted and change.after is not None:
+            change.after = {**change.after, "merged_text": RETIRED_TEXT}

@@ -6,6 +6,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import Database
 from storage.models import Message, MessageEmbedding
@@ -28,6 +29,31 @@ def _turns(rows: Sequence[Message]) -> list[Turn]:
 _BY_ID = select_turns().where(
     Message.user_pk == bindparam("user_pk"), Message.id.in_(bindparam("ids", expanding=True))
 )
+
+
+async def _drop_notes_of_deleted(session: AsyncSession, rows: Sequence[Message]) -> None:
+    """A context that shows a message deleted since it was retrieved is not stored (the
+    deletion rewrote the stored ones before it). Checked after the insert: on SQLite the
+    write lock is held by then, and on PostgreSQL the shown messages are held (FOR KEY
+    SHARE) until commit, so a deletion either sees this message or is seen by it."""
+    noted = [row for row in rows if row.context_note_ids]
+    if not noted:
+        return
+    shown = {i for row in noted for i in row.context_note_ids or ()}
+    found = await session.scalars(
+        select(Message.id)
+        .where(Message.id.in_(sorted(shown)))
+        .with_for_update(read=True, key_share=True)
+    )
+    gone = shown - {int(i) for i in found.all()}
+    for row in noted:
+        if gone.intersection(row.context_note_ids or ()):
+            row.context_note = None
+            row.context_note_tokens = 0
+            row.context_note_ids = None
+            row.context_note_fact_ids = None
+    if gone:
+        await session.flush()
 
 
 class MessageRepository:
@@ -63,6 +89,7 @@ class MessageRepository:
                 rows.append(message_row(chat.id, chat.user_pk, seq, item))
             session.add_all(rows)
             await session.flush()
+            await _drop_notes_of_deleted(session, rows)
             return AppendResult(_turns(rows), num_skipped)
 
     async def list_messages(

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
-from sqlalchemy import BindParameter, Select, bindparam, delete, exists, func, select
+from sqlalchemy import BindParameter, Select, bindparam, delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as SyncSession
 
 from storage.db import Database
 from storage.embeddings import bump_memory_versions
 from storage.errors import NotFoundError
-from storage.facts import PINNED_FACTS
+from storage.facts import PINNED_FACTS, forget_message_sources
 from storage.models import (
     ChatSession,
     KnowledgeDocument,
@@ -145,6 +145,31 @@ def _read_turn_state(session: SyncSession, session_id: str) -> TurnState:
     )
 
 
+# A stored context without the deleted turns and facts it showed (these given as they
+# read before the deletion); None: the whole context goes (it is not of the format whose
+# parts can be taken out, or a part was not found).
+NoteScrubber = Callable[[Turn, Sequence[Turn], Sequence[Fact]], list[str] | None]
+# Who the history of facts names for the changes a session's deletion makes.
+DELETION_ACTOR = "session-deletion"
+
+
+def _drop_note(_turn: Turn, _turns: Sequence[Turn], _facts: Sequence[Fact]) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedSession:
+    """What a session's deletion removed or changed; `rewritten` holds the messages whose
+    stored context was rewritten, each with its session and its new context (None: the
+    context was dropped), for the caller to count their tokens."""
+
+    user_pk: int
+    message_ids: list[int]
+    retired_facts: list[Fact]
+    trimmed_facts: list[Fact]
+    rewritten: list[tuple[int, str, list[str] | None]]
+
+
 class SessionRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -214,18 +239,27 @@ class SessionRepository:
             )
             return int(result or 0)
 
-    async def delete_session(self, session_id: str) -> list[int]:
-        """Delete a session and its messages; returns the deleted message ids."""
+    async def delete_session(
+        self, session_id: str, *, scrub: NoteScrubber | None = None, actor: str = DELETION_ACTOR
+    ) -> DeletedSession:
+        """Delete a session and everything that holds its messages' text, in one
+        transaction: its messages, their vectors, its summaries; the facts drawn only from
+        its messages are retired and redacted, others lose those sources
+        (`forget_message_sources`); the stored contexts of the user's other messages that
+        show its messages or those facts are rewritten by `scrub`. The user's change count
+        is bumped, so that every process's derived indexes drop the turns. Without `scrub`,
+        such contexts are dropped whole.
+
+        The messages go first: on PostgreSQL a turn storing a context that names them
+        holds them (`MessageRepository.append`), so the contexts read after the delete
+        include every one stored before it."""
         async with self._db.transaction() as session:
-            chat = await session.get(ChatSession, session_id)
+            chat = await session.get(ChatSession, session_id) if is_uuid(session_id) else None
             if chat is None:
                 raise NotFoundError("session", session_id)
-            ids = [
-                int(i)
-                for i in await session.scalars(
-                    select(Message.id).where(Message.session_id == session_id)
-                )
-            ]
+            rows = await session.execute(WINDOW, {"session_id": session_id, "after_seq": 0})
+            turns = records_of(Turn, rows.all())
+            ids = [t.id for t in turns]
             # Explicit deletes: SQLite cascades only with its pragma, so do not rely on it.
             await session.execute(
                 delete(MessageEmbedding).where(MessageEmbedding.message_id.in_(ids))
@@ -235,8 +269,37 @@ class SessionRepository:
             )
             await session.execute(delete(Message).where(Message.session_id == session_id))
             await session.delete(chat)
+            facts = await forget_message_sources(session, chat.user_pk, ids, actor)
+            rewritten = await _rewrite_notes(
+                session, chat.user_pk, turns, facts.retired, scrub or _drop_note
+            )
             await bump_memory_versions(session, [chat.user_pk])
-            return ids
+            deleted = DeletedSession(chat.user_pk, ids, facts.retired, facts.trimmed, rewritten)
+        await self._truncate_log()
+        return deleted
+
+    async def _truncate_log(self) -> None:
+        """On SQLite, copy the write-ahead log into the file and empty it: the log still
+        holds the pages as they were before the deletion (the file's freed space is zeroed,
+        `secure_delete`). It waits for readers of older snapshots (the busy timeout);
+        one still reading leaves the log to the next checkpoint."""
+        if self._db.engine.dialect.name != "sqlite":
+            return
+        async with self._db.engine.connect() as connection:
+            await connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    async def set_note_tokens(self, counts: Mapping[int, int]) -> None:
+        """The token counts of rewritten contexts (`DeletedSession.rewritten`), counted
+        after their rewrite: until then each kept its old count, an upper bound."""
+        if not counts:
+            return
+        async with self._db.transaction() as session:
+            for message_id, tokens in sorted(counts.items()):
+                await session.execute(
+                    update(Message)
+                    .where(Message.id == message_id, Message.context_note.is_not(None))
+                    .values(context_note_tokens=tokens)
+                )
 
     async def list_user_sessions(
         self, user_external_id: str, *, tenant_id: int
@@ -281,6 +344,57 @@ class SessionRepository:
             session.add_all(rows)
             await session.flush()
             return [to_record(Turn, r) for r in rows]
+
+
+async def _rewrite_notes(
+    session: AsyncSession,
+    user_pk: int,
+    deleted: Sequence[Turn],
+    retired: Sequence[Fact],
+    scrub: NoteScrubber,
+) -> list[tuple[int, str, list[str] | None]]:
+    """The user's stored contexts that show a deleted turn or a retired fact, rewritten
+    without them (their ids lists too). Only the id lists are read for every message of
+    the user; the contexts themselves only where they show something deleted."""
+    turns = {t.id: t for t in deleted}
+    facts = {f.id: f for f in retired}
+    named = await session.execute(
+        select(Message.id, Message.context_note_ids, Message.context_note_fact_ids).where(
+            Message.user_pk == user_pk, Message.context_note.is_not(None)
+        )
+    )
+    wanted = [
+        int(message_id)
+        for message_id, note_ids, fact_ids in named.all()
+        if turns.keys() & set(note_ids or ()) or facts.keys() & set(fact_ids or ())
+    ]
+    if not wanted:
+        return []
+    rows = await session.execute(select_turns().where(Message.id.in_(wanted)))
+    rewritten = []
+    for turn in records_of(Turn, rows.all()):
+        note = scrub(
+            turn,
+            [turns[i] for i in turn.context_note_ids or () if i in turns],
+            [facts[i] for i in turn.context_note_fact_ids or () if i in facts],
+        )
+        values: dict[str, Any] = {
+            "context_note": note,
+            "context_note_ids": None,
+            "context_note_fact_ids": None,
+        }
+        if note is None:
+            values["context_note_tokens"] = 0
+        else:
+            values["context_note_ids"] = _without(turn.context_note_ids, turns)
+            values["context_note_fact_ids"] = _without(turn.context_note_fact_ids, facts)
+        await session.execute(update(Message).where(Message.id == turn.id).values(**values))
+        rewritten.append((turn.id, turn.session_id, note))
+    return rewritten
+
+
+def _without(ids: list[int] | None, gone: Mapping[int, object]) -> list[int] | None:
+    return None if ids is None else [i for i in ids if i not in gone]
 
 
 def message_row(session_id: str, user_pk: int, seq: int, new: NewTurn) -> Message:

@@ -102,7 +102,7 @@ async def test_lexical_index_is_rebuilt_from_sql_and_follows_deletes(
     assert await ranked(fresh, user_pk, "花生") == [first[0], second[0]]
     assert await ranked(fresh, user_pk, "天气") == [first[1]]
     session_id = (await repos.sessions.list_sessions("alice", tenant_id=DEFAULT_TENANT_ID))[0][0].id
-    await fresh.forget(user_pk, await repos.sessions.delete_session(session_id))
+    await fresh.forget(user_pk, (await repos.sessions.delete_session(session_id)).message_ids)
     assert await ranked(fresh, user_pk, "花生") == [second[0]]
     assert await ranked(fresh, user_pk, "天气") == []
 

@@ -253,3 +253,29 @@ def test_a_related_word_counts_at_most_as_much_as_the_asked_word() -> None:
     plain = index.query_weights(1, "peanut", {"chees": 0.3})
     assert plain == {"peanut": 1.0, "chees": 0.3}
     assert [hit.id for hit in index.score(1, plain, 4).top(4)] == [4, 3, 1, 2]
+
+
+def snapshot_holds(index: LexicalIndex, term: str) -> bool:
+    """Whether the scope's snapshot holds a term (numpy writes strings as UTF-32)."""
+    return term.encode("utf-32-le") in (index.snapshot(1) or b"")
+
+
+def test_compacting_forgets_the_terms_of_removed_documents_only() -> None:
+    index = LexicalIndex()
+    index.add(1, [1, 2, 3], ["red violin lake", "blue violin", "locker code zq7x"])
+    index.remove(1, [3])
+    before = index.search(1, "violin lake blue", 10)
+    assert snapshot_holds(index, "zq7x")  # a removed document's terms stay held
+    assert index.compact(1) == {"red", "violin", "lake", "blue"}
+    assert not snapshot_holds(index, "zq7x") and not snapshot_holds(index, "locker")
+    assert index.search(1, "violin lake blue", 10) == before
+    assert index.search(1, "locker", 10) == []
+    index.add(1, [4], ["violin locker"])  # new terms after the renumbering
+    assert [hit.id for hit in index.search(1, "locker", 10)] == [4]
+    assert index.fingerprint(1, 2) == index.fingerprint(1, 2) != frozenset()
+    copy = LexicalIndex()
+    assert copy.restore(1, index.snapshot(1) or b"")
+    assert copy.search(1, "violin lake blue locker", 10) == index.search(
+        1, "violin lake blue locker", 10
+    )
+    assert index.compact(2) == set()

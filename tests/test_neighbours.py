@@ -195,3 +195,20 @@ async def test_another_form_of_an_asked_word_counts_as_the_word() -> None:
     related = await found.expand(1, "food allergy", embed)
     # "alley" (0.7) is nearer than peanuts but of another stem: it is the one related word.
     assert related == pytest.approx({"allerg": 1.0, "alley": 0.21}, abs=1e-4)
+
+
+async def test_words_whose_terms_no_turn_holds_are_forgotten() -> None:
+    embed = TableEmbedder()
+    found = neighbours(minimum=0.3)
+    await found.embed_pending(1, embed)
+    found.add(1, ["the violins again"])  # a word still to embed
+    kept_terms = LexicalIndex()
+    kept_terms.add(1, [1, 2], [TURNS[0], "violins piano"])
+    found.keep_terms(1, kept_terms.compact(1))
+    snapshot = found.snapshot(1)
+    assert snapshot is not None
+    words = ["day", "every", "piano", "practise", "violin", "violins"]
+    assert sorted(snapshot["words"].tolist()) == words
+    assert snapshot["matrix"].shape[0] == 5  # the embedded ones kept their vectors
+    related = await found.expand(1, "instrument", embed)
+    assert related == pytest.approx({"violin": 0.24, "piano": 0.12}, abs=1e-5)

@@ -6,18 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 from retrieval.chat.config import ChatConfig
 from retrieval.errors import InvalidInputError, SessionBusyError
+from retrieval.prompt.render import MEMORY_HEADER, format_fact, format_memory, note_of
 from retrieval.prompt.reuse import PrefixTracker
 from retrieval.search.memory import TurnMemory
+from retrieval.turns import SearchHit
 from storage.errors import LockTimeoutError, NotFoundError
 from storage.locks import SessionLockRepository
-from storage.records import Session, User
-from storage.sessions import SessionRepository, SessionState, TurnState
+from storage.records import Fact, Session, Turn, User
+from storage.sessions import DeletedSession, SessionRepository, SessionState, TurnState
 
 _State = TypeVar("_State", bound=SessionState)
 
@@ -82,12 +85,15 @@ class ChatSessions:
         locks: SessionLocks,
         prefixes: PrefixTracker,
         config: ChatConfig,
+        *,
+        note_tokens: Callable[[str], Awaitable[int]],
     ) -> None:
         self._sessions = sessions
         self._memory = memory
         self._locks = locks
         self._prefixes = prefixes
         self._config = config
+        self._note_tokens = note_tokens
 
     async def create(
         self, user_id: str, title: str | None, metadata: Mapping[str, Any], *, tenant_id: int
@@ -103,10 +109,63 @@ class ChatSessions:
             user_id, title, dict(metadata), tenant_id=tenant_id
         )
 
-    async def delete(self, session_id: str, *, tenant_id: int) -> None:
-        """The session's rows, then its turns' vectors and terms."""
+    async def delete(self, session_id: str, *, tenant_id: int) -> DeletedSession:
+        """Everything that holds the session's text goes: in one SQL transaction its rows,
+        the facts drawn only from it (retired, their text redacted) and its turns and
+        those facts in the stored contexts of the user's other messages
+        (`SessionRepository.delete_session`); then its turns' vectors and terms, saved
+        at once (`TurnMemory.forget`). The rewritten contexts' token counts follow."""
         state = await session_of_tenant(self._sessions, session_id, tenant_id)
         async with self._locks.hold(session_id):
-            ids = await self._sessions.delete_session(session_id)
-            await self._memory.forget(state.user.id, ids)
+            deleted = await self._sessions.delete_session(session_id, scrub=without_deleted)
+            await self._memory.forget(state.user.id, deleted.message_ids)
             self._prefixes.forget(session_id)
+            counts = {}
+            for message_id, other_session, note in deleted.rewritten:
+                self._prefixes.forget(other_session)
+                if note:
+                    counts[message_id] = await self._note_tokens(note[0])
+            await self._sessions.set_note_tokens(counts)
+        return deleted
+
+
+def without_deleted(turn: Turn, turns: Sequence[Turn], facts: Sequence[Fact]) -> list[str] | None:
+    """The context `turn` was sent with, less the lines of the deleted `turns` and the
+    retired `facts` it shows (a line per item: `retrieval/prompt/render.py`), and less the
+    days and sections they leave empty; None when nothing is left, or when the context
+    is not of the current format or a line to remove is not found in it (then the whole
+    context goes: nothing of a deleted session may stay)."""
+    note = note_of(turn)
+    if not note:
+        return None
+    gone = Counter(format_memory(SearchHit(t, 0.0)) for t in turns)
+    gone.update(format_fact(f) for f in facts)
+    head, *sections, tail = note.split("\n\n")
+    kept = []
+    for section in sections:
+        header, *lines = section.split("\n")
+        left = []
+        for line in lines:
+            if gone[line] > 0:
+                gone[line] -= 1
+            else:
+                left.append(line)
+        if header == MEMORY_HEADER:
+            left = _without_empty_days(left)
+        if left:
+            kept.append("\n".join([header, *left]))
+    if +gone or not kept:
+        return None
+    return ["\n\n".join([head, *kept, tail])]
+
+
+def _without_empty_days(lines: Sequence[str]) -> list[str]:
+    """Memory lines under their days, less the days left with none."""
+    kept: list[str] = []
+    for line in lines:
+        if kept and not kept[-1].startswith("- ") and not line.startswith("- "):
+            kept.pop()  # the previous day had no memory left
+        kept.append(line)
+    if kept and not kept[-1].startswith("- "):
+        kept.pop()
+    return kept

@@ -20,7 +20,7 @@ CJK text is left to the character n-grams of the lexical index.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,6 +125,22 @@ class WordNeighbours:
 
     def drop(self, scope: int) -> None:
         self._scopes.pop(scope, None)
+
+    def keep_terms(self, scope: int, terms: Collection[str]) -> None:
+        """Forget the words whose index term is not in `terms` (the terms the user's turns
+        still hold: words only deleted turns said). A new vocabulary replaces the old, so
+        a search under way keeps the rows it reads consistent."""
+        vocabulary = self._scopes.get(scope)
+        if vocabulary is None or all(term in terms for term in vocabulary.terms.values()):
+            return
+        kept = _Vocabulary()
+        kept.terms = {word: term for word, term in vocabulary.terms.items() if term in terms}
+        words = [word for word in vocabulary.words if word in kept.terms]
+        if words and vocabulary.buffer is not None:
+            rows = [vocabulary.rows[word] for word in words]
+            kept.append(words, vocabulary.buffer[rows])
+        kept.pending = {word: None for word in vocabulary.pending if word in kept.terms}
+        self._scopes[scope] = kept
 
     def snapshot(self, scope: int) -> dict[str, np.ndarray] | None:
         """The scope's words, their terms and the vectors of those embedded, as arrays

@@ -407,6 +407,33 @@ class LexicalIndex:
             for term_id in document[0].tolist():
                 index.postings[term_id].clear(slot)
 
+    def compact(self, scope: int) -> set[str]:
+        """Forget the terms that no held document has any more (those of removed ones),
+        so that neither the scope nor its snapshot keeps words of deleted text; returns
+        the terms left. Term ids are renumbered; postings and slots are unchanged."""
+        index = self._scopes.get(scope)
+        if index is None:
+            return set()
+        used = np.zeros(len(index.terms), dtype=bool)
+        for term_ids, _weights in index.documents.values():
+            used[term_ids] = True
+        for own in index.own_terms.values():
+            used[own] = True
+        if used.all():
+            return set(index.terms)
+        renumbered = (np.cumsum(used) - 1).astype(np.int32)
+        index.terms = [term for term, keep in zip(index.terms, used.tolist(), strict=True) if keep]
+        index.term_ids = {term: i for i, term in enumerate(index.terms)}
+        index.postings = [
+            posting for posting, keep in zip(index.postings, used.tolist(), strict=True) if keep
+        ]
+        index.documents = {
+            doc_id: (renumbered[term_ids], weights)
+            for doc_id, (term_ids, weights) in index.documents.items()
+        }
+        index.own_terms = {doc_id: renumbered[own] for doc_id, own in index.own_terms.items()}
+        return set(index.terms)
+
     def list_ids(self, scope: int) -> set[int]:
         index = self._scopes.get(scope)
         return set(index.documents) if index is not None else set()

@@ -337,8 +337,7 @@ class TurnMemory:
         num_texts = 0
         if self._needs_texts:
             texts_have = self._lexical.list_ids(user_pk)
-            gone = texts_have - sql_ids
-            self._lexical.remove(user_pk, gone)
+            self._remove_texts(user_pk, texts_have - sql_ids)
             self._unsaved.add(user_pk)
             if new := sql_ids - texts_have:
                 turns = await self._messages.list_messages_by_id(user_pk, new)
@@ -396,7 +395,7 @@ class TurnMemory:
         self._neighbours.restore(user_pk, words)
         sql_ids = await self._embeddings.list_user_vector_ids(user_pk)
         have = self._lexical.list_ids(user_pk)
-        self._lexical.remove(user_pk, have - sql_ids)
+        self._remove_texts(user_pk, have - sql_ids)
         if new := sql_ids - have:
             turns = await self._messages.list_messages_by_id(user_pk, new)
             self._add_texts(user_pk, turns, in_session_order(turns, await self._earlier(turns)))
@@ -598,11 +597,23 @@ class TurnMemory:
         return standardised_fusion(rankings, [dense, lexical.of(candidates)], weights)
 
     async def forget(self, user_pk: int, message_ids: Collection[int]) -> None:
-        """Drop vectors and terms of messages already deleted from SQL."""
+        """Drop vectors and terms of messages already deleted from SQL, and write the
+        files at once: no file of the data directory keeps their text (nor their
+        vectors) until the next periodic save."""
         await self.ensure_scope(user_pk)
-        await self._index.remove(user_pk, message_ids)
+        async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
+            await self._index.remove(user_pk, message_ids)
+            self._remove_texts(user_pk, message_ids)
+            self._unsaved.add(user_pk)
+        await self.save()
+
+    def _remove_texts(self, user_pk: int, message_ids: Collection[int]) -> None:
+        """Turns out of the lexical index, and with them the terms and vocabulary words
+        that only they held (so a snapshot written later holds none of their words)."""
+        if not message_ids:
+            return
         self._lexical.remove(user_pk, message_ids)
-        self._unsaved.add(user_pk)
+        self._neighbours.keep_terms(user_pk, self._lexical.compact(user_pk))
 
     async def _drop_scope(self, user_pk: int) -> None:
         """Every derived state of one user gone, vectors and snapshots on disk included."""
