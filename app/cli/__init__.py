@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any, TextIO, cast
 
 import structlog
 
@@ -19,14 +19,21 @@ from app.cli.engine import add_engine_commands
 from app.cli.keys import add_key_commands
 from app.cli.mcp import add_mcp_command
 from app.cli.progress import add_progress_option, is_shown, progress_bar
+from app.observability.logs import LogStream
 from app.settings import Settings
 from retrieval.errors import EmbeddingModelMismatchError
 from storage.db import Database
 from storage.repositories import Repositories
 
 
-def configure_logging(level: str, *, extra_processors: Sequence[Any] = ()) -> None:
-    logging.basicConfig(level=level.upper(), format="%(message)s", stream=sys.stderr)
+def configure_logging(
+    level: str, *, extra_processors: Sequence[Any] = (), stream: IO[str] | None = None
+) -> None:
+    """The process's log: structlog's lines and the standard library's, on `stream`
+    (standard error by default). A line that cannot be written (a full disk) is dropped
+    and counted, never raised into the code that logged (`app.observability.logs`)."""
+    target = sys.stderr if stream is None else stream
+    logging.basicConfig(level=level.upper(), format="%(message)s", stream=LogStream(target))
     structlog.configure(
         processors=[
             # The request id (and anything else bound for the request) on every line.
@@ -38,7 +45,8 @@ def configure_logging(level: str, *, extra_processors: Sequence[Any] = ()) -> No
             structlog.dev.ConsoleRenderer(colors=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # structlog's type is TextIO; it calls write and flush only.
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, LogStream(target))),
     )
 
 
