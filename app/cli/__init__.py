@@ -23,6 +23,7 @@ from app.observability.logs import LogStream
 from app.settings import Settings
 from retrieval.errors import EmbeddingModelMismatchError
 from storage.db import Database
+from storage.errors import DatabaseUnavailableError
 from storage.repositories import Repositories
 
 
@@ -34,6 +35,9 @@ def configure_logging(
     and counted, never raised into the code that logged (`app.observability.logs`)."""
     target = sys.stderr if stream is None else stream
     logging.basicConfig(level=level.upper(), format="%(message)s", stream=LogStream(target))
+    # Alembic names each of its plugins at start-up: seven lines of noise before every
+    # command's own output (and before a start-up error's one line).
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     structlog.configure(
         processors=[
             # The request id (and anything else bound for the request) on every line.
@@ -195,8 +199,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def database_problem(settings: Settings, exc: DatabaseUnavailableError) -> str:
+    """One line for a database that cannot be used: which, what is wrong, what to do."""
+    url = settings.resolved_database_url()
+    reason = (str(exc).strip().splitlines() or ["no reason given"])[0]
+    if url.startswith("sqlite"):
+        path = url.partition(":///")[2]
+        return (
+            f"the database file {path} cannot be used: {reason}. If it is damaged, restore "
+            "it from a backup, or move it away to start with an empty database"
+        )
+    return (
+        f"the database cannot be used: {reason}. Check that the server is running and "
+        "that MEMCHAT_DATABASE_URL names it"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level)
-    return int(args.run(settings, args))
+    try:
+        return int(args.run(settings, args))
+    except DatabaseUnavailableError as exc:
+        # Process boundary: a store that cannot be opened is one line, not a traceback.
+        print(f"memchat {args.command}: {database_problem(settings, exc)}", file=sys.stderr)
+        return 2
