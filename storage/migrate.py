@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from alembic import command
@@ -9,9 +11,11 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import migrations
+from storage.errors import DatabaseUnavailableError
 
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 
@@ -55,12 +59,36 @@ async def _migrate(engine: AsyncEngine, action: str, revision: str) -> None:
                 await connection.commit()
 
 
+# What a database that cannot be used at all raises: SQLAlchemy's plain DatabaseError is
+# SQLite's "file is not a database" and "database disk image is malformed".
+_UNUSABLE = (OperationalError, InterfaceError, DatabaseError)
+
+
+@asynccontextmanager
+async def _opened() -> AsyncIterator[None]:
+    """A database that cannot be used at all (a file that is not a SQLite database or is
+    damaged, a server that is down or refuses the connection) is DatabaseUnavailableError
+    with the driver's own reason in one line. Other errors (a constraint a migration
+    breaks) are the migration's and pass as they are."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if type(exc) not in _UNUSABLE:
+            raise
+        lines = str(exc.orig).strip().splitlines() or [str(exc)]
+        raise DatabaseUnavailableError(lines[0]) from exc
+    except OSError as exc:
+        raise DatabaseUnavailableError(str(exc)) from exc
+
+
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    await _migrate(engine, "upgrade", revision)
+    async with _opened():
+        await _migrate(engine, "upgrade", revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
-    await _migrate(engine, "downgrade", revision)
+    async with _opened():
+        await _migrate(engine, "downgrade", revision)
 
 
 def _current(connection: Connection) -> str | None:
@@ -68,7 +96,7 @@ def _current(connection: Connection) -> str | None:
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as connection:
+    async with _opened(), engine.connect() as connection:
         return await connection.run_sync(_current)
 
 

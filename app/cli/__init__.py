@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any, TextIO, cast
 
 import structlog
 
@@ -19,14 +19,25 @@ from app.cli.engine import add_engine_commands
 from app.cli.keys import add_key_commands
 from app.cli.mcp import add_mcp_command
 from app.cli.progress import add_progress_option, is_shown, progress_bar
+from app.observability.logs import LogStream
 from app.settings import Settings
 from retrieval.errors import EmbeddingModelMismatchError
 from storage.db import Database
+from storage.errors import DatabaseUnavailableError
 from storage.repositories import Repositories
 
 
-def configure_logging(level: str, *, extra_processors: Sequence[Any] = ()) -> None:
-    logging.basicConfig(level=level.upper(), format="%(message)s", stream=sys.stderr)
+def configure_logging(
+    level: str, *, extra_processors: Sequence[Any] = (), stream: IO[str] | None = None
+) -> None:
+    """The process's log: structlog's lines and the standard library's, on `stream`
+    (standard error by default). A line that cannot be written (a full disk) is dropped
+    and counted, never raised into the code that logged (`app.observability.logs`)."""
+    target = sys.stderr if stream is None else stream
+    logging.basicConfig(level=level.upper(), format="%(message)s", stream=LogStream(target))
+    # Alembic names each of its plugins at start-up: seven lines of noise before every
+    # command's own output (and before a start-up error's one line).
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     structlog.configure(
         processors=[
             # The request id (and anything else bound for the request) on every line.
@@ -38,7 +49,8 @@ def configure_logging(level: str, *, extra_processors: Sequence[Any] = ()) -> No
             structlog.dev.ConsoleRenderer(colors=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # structlog's type is TextIO; it calls write and flush only.
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, LogStream(target))),
     )
 
 
@@ -187,8 +199,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def database_problem(settings: Settings, exc: DatabaseUnavailableError) -> str:
+    """One line for a database that cannot be used: which, what is wrong, what to do."""
+    url = settings.resolved_database_url()
+    reason = (str(exc).strip().splitlines() or ["no reason given"])[0]
+    if url.startswith("sqlite"):
+        path = url.partition(":///")[2]
+        return (
+            f"the database file {path} cannot be used: {reason}. If it is damaged, restore "
+            "it from a backup, or move it away to start with an empty database"
+        )
+    return (
+        f"the database cannot be used: {reason}. Check that the server is running and "
+        "that MEMCHAT_DATABASE_URL names it"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level)
-    return int(args.run(settings, args))
+    try:
+        return int(args.run(settings, args))
+    except DatabaseUnavailableError as exc:
+        # Process boundary: a store that cannot be opened is one line, not a traceback.
+        print(f"memchat {args.command}: {database_problem(settings, exc)}", file=sys.stderr)
+        return 2

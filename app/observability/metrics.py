@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from app.observability.logs import LogFailuresCollector
 from retrieval.chat.events import TurnResult
 from retrieval.errors import IndexUnavailableError
 from retrieval.prompt.report import SectionTokens
@@ -121,6 +122,7 @@ class ServiceMetrics:
             ["method", "route", "status"],
             registry=self.registry,
         )
+        self.registry.register(LogFailuresCollector())
         # Every series exists from the start, at zero, so rates work from the first turn.
         for stage in STAGES:
             self.turn_stage_seconds.labels(stage=stage)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from app.cli.backup.export import export_lines
+from app.cli.backup.limits import ImportLimits
 from app.cli.backup.lines import BackupFormatError
 from app.cli.backup.restore import (
     BATCH_SIZE,
@@ -153,10 +154,18 @@ async def _import(
             progress_bar("import", "records", enabled=is_shown(args), total=num_records) as bar,
         ):
             return await import_lines(
-                target, lines, batch_size=args.batch_size, on_records=bar.advance
+                target,
+                lines,
+                batch_size=args.batch_size,
+                on_records=bar.advance,
+                limits=import_limits(settings),
             )
     finally:
         await db.dispose()
+
+
+def import_limits(settings: Settings) -> ImportLimits:
+    return ImportLimits.of(settings.chat, settings.knowledge)
 
 
 def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
@@ -165,7 +174,7 @@ def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
         if args.path != "-":
             # A file is read through first: a damaged one is refused before any write.
             with open(args.path, "rb") as handle:
-                num_records = check_lines(handle)
+                num_records = check_lines(handle, import_limits(settings))
         asyncio.run(migrate_database(settings, "head"))
         counts = asyncio.run(_import(settings, args, num_records))
     except (BackupFormatError, OSError) as exc:

@@ -4,8 +4,9 @@ Each batch (at most `batch_size` records or `max_batch_bytes` of lines) is one
 transaction; once it is committed its new messages are embedded and indexed
 (`TurnMemory.index`), its new facts given vectors and its new knowledge chunks indexed,
 before the next batch is read. A line that is not a valid record, or out of order, is
-found before its batch is written: that batch is not written, the batches before it are
-(they are valid, and importing the file again adds only what is missing). `check_lines`
+found before its batch is written, and so is a record beyond the service's limits
+(`limits.py`): that batch is not written, the batches before it are (they are valid, and
+importing the file again adds only what is missing). `check_lines`
 reads a whole file first, so that a damaged file can be refused before anything is written.
 
 Memory holds one batch and the map from the current user's fact keys to fact ids.
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from app.cli.backup.limits import ImportLimits
 from app.cli.backup.lines import (
     BackupFormatError,
     ChunkRecord,
@@ -94,12 +96,15 @@ def vectors_only(config: RetrievalConfig) -> RetrievalConfig:
     return dataclasses.replace(config, mode="dense", duplicate_threshold=2.0)
 
 
-def check_lines(lines: Iterable[bytes]) -> int:
+def check_lines(lines: Iterable[bytes], limits: ImportLimits | None = None) -> int:
     """Read a whole export without writing; returns its number of records, or raises
-    BackupFormatError naming the first bad line."""
+    BackupFormatError naming the first bad line. `limits`: the service's (default: its
+    default settings')."""
     check = OrderCheck()
+    limits = limits or ImportLimits.of()
     for number, record, _size in read_records(lines):
         check.accept(number, record)
+        limits.accept(number, record)
     check.finish()
     return check.num_records
 
@@ -111,14 +116,18 @@ async def import_lines(
     batch_size: int = BATCH_SIZE,
     max_batch_bytes: int = MAX_BATCH_BYTES,
     on_records: Callable[[int], object] | None = None,
+    limits: ImportLimits | None = None,
 ) -> ImportCounts:
-    """Restore an export into the target's tenant (see the module's docstring)."""
+    """Restore an export into the target's tenant (see the module's docstring); records
+    beyond `limits` (default: the service's default settings') are refused."""
     restore = _Import(target, on_records or (lambda _n: None))
     check = OrderCheck()
+    limits = limits or ImportLimits.of()
     batch: Numbered = []
     size = 0
     for number, record, num_bytes in read_records(lines):
         check.accept(number, record)
+        limits.accept(number, record)
         if isinstance(record, Header | EndRecord):
             continue
         batch.append((number, record))
