@@ -64,7 +64,10 @@ def create_app(
         )
         try:
             local_mode = await check_local_mode(
-                runtime.repositories.access, settings.host, bootstrap_key(settings)
+                runtime.repositories.access,
+                settings.host,
+                bootstrap_key(settings),
+                allow_after_keys=settings.access.allow_local_mode_after_keys,
             )
             gate.open(runtime.repositories.access, local_mode=local_mode)
             app.state.runtime = runtime

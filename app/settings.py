@@ -256,6 +256,10 @@ class AccessSettings(BaseModel):
     # Host names (besides localhost and loopback addresses) that local mode answers;
     # any other Host is refused (DNS rebinding).
     local_hosts: list[str] = []
+    # Local mode (no key needed) starts only on a store that never had a key: once one
+    # existed, a store whose keys are all revoked serves with every request needing a key.
+    # True lets such a store start in local mode again.
+    allow_local_mode_after_keys: bool = False
 
 
 class Settings(BaseSettings):

@@ -2,11 +2,12 @@
 
 Every request outside the public paths carries `Authorization: Bearer <key>`; the key names
 a tenant, and everything the request reads or writes is that tenant's. A server started
-while no active key exists is in local mode: it serves only on a loopback address and
-every request runs in the default tenant, as an administrator (the operator is the only
-client). Local mode is decided when the server starts and can only end while it runs (at
-the first key created); a server started with keys never falls back to it, whatever is
-revoked later.
+on a store that never had a key is in local mode: it serves only on a loopback address
+and every request runs in the default tenant, as an administrator (the operator is the
+only client). Local mode is decided when the server starts and can only end while it
+runs (at the first key created); a server started with keys never falls back to it,
+whatever is revoked later, and nor does a restart once every key is revoked (unless the
+operator allows it).
 
 The admin page cannot send headers on navigation: signing in with an admin key opens a
 session, and its random token (never the key) travels in the `memchat_admin_session`
@@ -101,25 +102,36 @@ MIN_BOOTSTRAP_CHARS = 32
 
 
 async def check_local_mode(
-    access: AccessRepository, host: str, bootstrap_key: str | None = None
+    access: AccessRepository,
+    host: str,
+    bootstrap_key: str | None = None,
+    *,
+    allow_after_keys: bool = False,
 ) -> bool:
     """True in local mode; refuses to serve beyond loopback without keys.
 
+    Local mode starts only on a store that never had a key, unless `allow_after_keys`
+    (MEMCHAT_ACCESS__ALLOW_LOCAL_MODE_AFTER_KEYS): a store whose keys were all revoked
+    was meant to be closed, and opening it to whoever reaches the port on a restart
+    would undo that. It serves instead with every request needing a key (none works
+    until one is created, which works at once, without a restart).
+
     `bootstrap_key` (MEMCHAT_ACCESS__BOOTSTRAP_ADMIN_KEY) becomes an admin key of the tenant
     `operators` when no active key exists, so that a container can serve on its network
-    address from its first start.
+    address from its first start; a bootstrap key that was revoked is never made again.
     """
     if bootstrap_key and not await access.has_active_keys():
-        if len(bootstrap_key) < MIN_BOOTSTRAP_CHARS:
-            raise LocalModeRefusedError(
-                f"the bootstrap admin key must have at least {MIN_BOOTSTRAP_CHARS} characters "
-                "(e.g. `openssl rand -hex 32`)"
-            )
-        await access.create_key(
-            BOOTSTRAP_TENANT, "bootstrap admin", is_admin=True, secret=bootstrap_key
-        )
-        log.info("bootstrap_admin_key_created", tenant=BOOTSTRAP_TENANT)
+        await _create_bootstrap_key(access, bootstrap_key)
     if await access.has_active_keys():
+        return False
+    if await access.has_ever_had_keys() and not allow_after_keys:
+        log.warning(
+            "local_mode_not_started",
+            detail="every API key of this store is revoked: serving with every request "
+            "needing a key (create one with `memchat keys create --tenant NAME --admin`: it "
+            "works at once); MEMCHAT_ACCESS__ALLOW_LOCAL_MODE_AFTER_KEYS=true starts it in "
+            "local mode instead",
+        )
         return False
     if not is_loopback(host):
         raise LocalModeRefusedError(
@@ -133,6 +145,23 @@ async def check_local_mode(
         "'default' with admin rights; create one with `memchat keys create`",
     )
     return True
+
+
+async def _create_bootstrap_key(access: AccessRepository, secret: str) -> None:
+    if len(secret) < MIN_BOOTSTRAP_CHARS:
+        raise LocalModeRefusedError(
+            f"the bootstrap admin key must have at least {MIN_BOOTSTRAP_CHARS} characters "
+            "(e.g. `openssl rand -hex 32`)"
+        )
+    if await access.is_known_secret(secret):
+        log.warning(
+            "bootstrap_admin_key_revoked",
+            detail="MEMCHAT_ACCESS__BOOTSTRAP_ADMIN_KEY names a revoked key: it stays "
+            "revoked; set a new secret to make a new bootstrap key",
+        )
+        return
+    await access.create_key(BOOTSTRAP_TENANT, "bootstrap admin", is_admin=True, secret=secret)
+    log.info("bootstrap_admin_key_created", tenant=BOOTSTRAP_TENANT)
 
 
 class RateLimiter:

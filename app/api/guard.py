@@ -13,6 +13,10 @@ needs, and the admin page's cookie sessions are exposed the same way. So:
   (`Sec-Fetch-Site: cross-site` or `same-site`, which includes another port of
   127.0.0.1) or when their `Origin` is not the service's own. Clients that are not
   browsers send neither header and pass.
+- In local mode a request that came through a reverse proxy (it carries `Forwarded`,
+  `X-Forwarded-For` or another proxy's header) is refused: a proxy on this machine
+  passes the Host check (nginx sends the upstream's `127.0.0.1:PORT`) while its clients
+  may be anywhere. Local mode is for this machine's own clients only.
 
 Bodies of JSON operations must be sent as JSON (`app.api.requests`), which a page cannot
 do across origins without a CORS preflight that this service never grants; admin forms
@@ -44,6 +48,9 @@ if TYPE_CHECKING:
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CROSS_SITE = frozenset({"cross-site", "same-site"})
+# Headers a reverse proxy adds (RFC 7239's, the de facto X-Forwarded-*, nginx's and
+# Apache's): none comes from a client on this machine talking to the service directly.
+PROXY_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip", "via")
 
 
 def host_name(host: str) -> str:
@@ -80,6 +87,12 @@ class RequestGuard:
             return (
                 f"the Host {host!r} is not this machine: in local mode the service answers "
                 "only requests addressed to localhost or a loopback address"
+            )
+        if local and any(name in headers for name in PROXY_HEADERS):
+            return (
+                "a request through a proxy is refused: in local mode (no API keys) the "
+                "service answers only clients on this machine; create a key "
+                "(`memchat keys create --tenant NAME`) to serve behind a proxy"
             )
         if scope["method"] not in UNSAFE_METHODS or not (local or is_admin_page(scope["path"])):
             return None
