@@ -17,6 +17,8 @@ needs, and the admin page's cookie sessions are exposed the same way. So:
   `X-Forwarded-For` or another proxy's header) is refused: a proxy on this machine
   passes the Host check (nginx sends the upstream's `127.0.0.1:PORT`) while its clients
   may be anywhere. Local mode is for this machine's own clients only.
+- MCP (`/mcp`), in any mode and for every method, refuses requests from another site
+  or origin by the same rule (the MCP transport requires servers to check `Origin`).
 
 Bodies of JSON operations must be sent as JSON (`app.api.requests`), which a page cannot
 do across origins without a CORS preflight that this service never grants; admin forms
@@ -67,6 +69,10 @@ def is_same_origin(origin: str, host: str) -> bool:
     return parts.scheme in ("http", "https") and bool(host) and parts.netloc.lower() == host.lower()
 
 
+def is_mcp(path: str) -> bool:
+    return path == "/mcp" or path.startswith("/mcp/")
+
+
 class RequestGuard:
     """ASGI wrapper, outside routing, so that unmatched paths are guarded as well."""
 
@@ -94,7 +100,9 @@ class RequestGuard:
                 "service answers only clients on this machine; create a key "
                 "(`memchat keys create --tenant NAME`) to serve behind a proxy"
             )
-        if scope["method"] not in UNSAFE_METHODS or not (local or is_admin_page(scope["path"])):
+        path = scope["path"]
+        unsafe = scope["method"] in UNSAFE_METHODS
+        if not (is_mcp(path) or (unsafe and (local or is_admin_page(path)))):
             return None
         if headers.get("sec-fetch-site") in CROSS_SITE:
             return "a request from another site or origin is refused"
