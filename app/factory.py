@@ -29,9 +29,14 @@ from app.access.keys import (
     check_local_mode,
     provide_principal,
 )
+from app.access.proxies import ProxyTrust
 from app.access.rate_limits import RedisRateLimits
 from app.api.admin import AdminController, Deployment
-from app.api.admin_page import AdminLoginController, AdminPageController, form_token_field
+from app.api.admin_page import (
+    AdminLoginController,
+    AdminPageController,
+    register_template_callables,
+)
 from app.api.completions import ChatCompletionController
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.facts import FactController
@@ -112,7 +117,11 @@ def create_app(
         if settings.access.redis_url
         else None
     )
-    gate = AccessGate(settings.access.requests_per_minute, shared_limits)
+    gate = AccessGate(
+        settings.access.requests_per_minute,
+        shared_limits,
+        proxies=ProxyTrust(settings.access.trusted_proxies),
+    )
     mcp = mcp_endpoint(lambda: app.state.runtime)
     service_metrics = ServiceMetrics()
     sampling = SamplingDefaults(
@@ -187,9 +196,7 @@ def create_app(
         template_config=TemplateConfig(
             directory=TEMPLATES_DIR,
             engine=JinjaTemplateEngine,
-            engine_callback=lambda jinja: jinja.register_template_callable(
-                "form_token_field", form_token_field
-            ),
+            engine_callback=register_template_callables,
         ),
     )
     app.asgi_handler = RequestGuard(app.asgi_handler, gate, settings.access.local_hosts)

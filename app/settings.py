@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, IPvAnyNetwork, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -260,6 +260,10 @@ class AccessSettings(BaseModel):
     # existed, a store whose keys are all revoked serves with every request needing a key.
     # True lets such a store start in local mode again.
     allow_local_mode_after_keys: bool = False
+    # Addresses or networks of reverse proxies (e.g. ["10.0.0.2", "fd00::/8"]) whose
+    # X-Forwarded-Proto and X-Forwarded-For are believed: whether the admin cookie is
+    # marked Secure, and the client's address.
+    trusted_proxies: list[IPvAnyNetwork] = []
 
 
 class Settings(BaseSettings):

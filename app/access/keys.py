@@ -34,6 +34,7 @@ from litestar.exceptions import (
 from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 
+from app.access.proxies import ProxyTrust
 from app.access.rate_limits import RateLimits
 from app.settings import Settings
 from storage.access import AccessRepository, KeyOwner
@@ -232,11 +233,17 @@ class AccessGate:
     (and every session it opened) stops at once, in every process."""
 
     def __init__(
-        self, default_requests_per_minute: int, rate_limits: RateLimits | None = None
+        self,
+        default_requests_per_minute: int,
+        rate_limits: RateLimits | None = None,
+        *,
+        proxies: ProxyTrust | None = None,
     ) -> None:
-        """`rate_limits`: where requests are counted; None = this process (`RateLimiter`)."""
+        """`rate_limits`: where requests are counted; None = this process (`RateLimiter`).
+        `proxies`: whose forwarded headers tell what the client's connection was."""
         self._default_rpm = default_requests_per_minute
         self._limiter: RateLimits = RateLimiter() if rate_limits is None else rate_limits
+        self.proxies = proxies if proxies is not None else ProxyTrust(())
         self._access: AccessRepository | None = None
         self._is_local = False
 
