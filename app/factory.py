@@ -120,6 +120,7 @@ def create_app(
     gate = AccessGate(
         settings.access.requests_per_minute,
         shared_limits,
+        failed_auth_per_minute=settings.access.failed_auth_per_minute,
         proxies=ProxyTrust(settings.access.trusted_proxies),
     )
     mcp = mcp_endpoint(lambda: app.state.runtime)

@@ -260,9 +260,13 @@ class AccessSettings(BaseModel):
     # existed, a store whose keys are all revoked serves with every request needing a key.
     # True lets such a store start in local mode again.
     allow_local_mode_after_keys: bool = False
+    # Failed admin sign-ins and unknown or revoked API keys a client address may send a
+    # minute (bursts up to that many); past it, its requests with a key get 429 for a
+    # while. 0 = no limit.
+    failed_auth_per_minute: int = Field(10, ge=0)
     # Addresses or networks of reverse proxies (e.g. ["10.0.0.2", "fd00::/8"]) whose
     # X-Forwarded-Proto and X-Forwarded-For are believed: whether the admin cookie is
-    # marked Secure, and the client's address.
+    # marked Secure, and the client's address (for the limit above).
     trusted_proxies: list[IPvAnyNetwork] = []
 
 

@@ -9,6 +9,10 @@ runs (at the first key created); a server started with keys never falls back to 
 whatever is revoked later, and nor does a restart once every key is revoked (unless the
 operator allows it).
 
+Unknown keys and failed admin sign-ins are counted per client address (behind trusted
+proxies, the address they forward: `app.access.proxies`); past the limit the address
+gets 429 for anything it sends with a key.
+
 The admin page cannot send headers on navigation: signing in with an admin key opens a
 session, and its random token (never the key) travels in the `memchat_admin_session`
 cookie (HttpOnly, SameSite=Strict, path /admin), which only the page's routes accept;
@@ -18,8 +22,6 @@ cookie (HttpOnly, SameSite=Strict, path /admin), which only the page's routes ac
 from __future__ import annotations
 
 import ipaddress
-import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +37,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 
 from app.access.proxies import ProxyTrust
-from app.access.rate_limits import RateLimits
+from app.access.rate_limits import RateLimiter, RateLimiterUnavailableError, RateLimits
 from app.settings import Settings
 from storage.access import AccessRepository, KeyOwner
 from storage.models import DEFAULT_TENANT_ID
@@ -165,30 +167,6 @@ async def _create_bootstrap_key(access: AccessRepository, secret: str) -> None:
     log.info("bootstrap_admin_key_created", tenant=BOOTSTRAP_TENANT)
 
 
-class RateLimiter:
-    """A token bucket per key: `per_minute` requests a minute, bursts up to that many.
-
-    In-process: with several API processes each enforces its own share of the limit
-    (`app.access.rate_limits.RedisRateLimits` shares one bucket between them).
-    """
-
-    def __init__(self, clock: Any = time.monotonic) -> None:
-        self._clock = clock
-        self._buckets: dict[int, tuple[float, float]] = {}
-
-    async def retry_after_s(self, key_id: int, per_minute: int) -> int:
-        """0 if the request may proceed (and is counted), else seconds until it may."""
-        now = self._clock()
-        tokens, last = self._buckets.get(key_id, (float(per_minute), now))
-        rate = per_minute / 60.0
-        tokens = min(float(per_minute), tokens + (now - last) * rate)
-        if tokens >= 1.0:
-            self._buckets[key_id] = (tokens - 1.0, now)
-            return 0
-        self._buckets[key_id] = (tokens, now)
-        return max(1, math.ceil((1.0 - tokens) / rate))
-
-
 def is_admin_page(path: str) -> bool:
     """The server-rendered admin page (cookie sessions), not the admin API."""
     return (path == "/admin" or path.startswith("/admin/")) and not path.startswith("/admin/v1")
@@ -220,7 +198,9 @@ class AccessMiddleware(AbstractAuthenticationMiddleware):
                 connection.cookies.get(ADMIN_SESSION_COOKIE)
             )
         else:
-            principal = await gate.authenticate(secret)
+            principal = await gate.authenticate(
+                secret, gate.proxies.client_address(connection.scope)
+            )
         return AuthenticationResult(user=principal, auth=principal.key_id)
 
 
@@ -237,12 +217,16 @@ class AccessGate:
         default_requests_per_minute: int,
         rate_limits: RateLimits | None = None,
         *,
+        failed_auth_per_minute: int = 0,
         proxies: ProxyTrust | None = None,
     ) -> None:
         """`rate_limits`: where requests are counted; None = this process (`RateLimiter`).
-        `proxies`: whose forwarded headers tell what the client's connection was."""
+        `failed_auth_per_minute`: unknown keys and failed sign-ins a client address may
+        send (0: no limit); `proxies`: whose forwarded headers name the client."""
         self._default_rpm = default_requests_per_minute
         self._limiter: RateLimits = RateLimiter() if rate_limits is None else rate_limits
+        self._failed_per_minute = failed_auth_per_minute
+        self._own_failures = RateLimiter()
         self.proxies = proxies if proxies is not None else ProxyTrust(())
         self._access: AccessRepository | None = None
         self._is_local = False
@@ -275,15 +259,20 @@ class AccessGate:
             return False
         return True
 
-    async def authenticate(self, secret: str | None) -> Principal:
-        """The principal of a Bearer key (or of local mode)."""
+    async def authenticate(self, secret: str | None, client: str | None = None) -> Principal:
+        """The principal of a Bearer key (or of local mode). `client`: the address whose
+        unknown keys are counted (None: not counted)."""
         access = self._store()
         if await self._still_local(access):
             return LOCAL_PRINCIPAL
         if secret is None:
             raise NotAuthorizedException(_KEY_REQUIRED, headers=_BEARER_REALM)
+        # Checked before the key: past its limit an address learns nothing of any key,
+        # a right one included, until it may try again.
+        await self._check_failures(client)
         owner = await access.get_key_owner_or_none(secret)
         if owner is None:
+            await self._count_failure(client)
             raise NotAuthorizedException(
                 "unknown or revoked API key",
                 headers={"WWW-Authenticate": 'Bearer realm="memchat", error="invalid_token"'},
@@ -302,11 +291,15 @@ class AccessGate:
         await self._check_rate(owner)
         return principal_of(owner)
 
-    async def sign_in(self, secret: str, ttl_s: float) -> tuple[Principal, str | None]:
+    async def sign_in(
+        self, secret: str, ttl_s: float, client: str | None = None
+    ) -> tuple[Principal, str | None]:
         """An admin key's principal and a new session token (None in local mode, which
-        needs no session); refuses keys that are unknown, revoked or not admin."""
-        principal = await self.authenticate(secret)
+        needs no session); refuses keys that are unknown, revoked or not admin, and
+        counts each refusal against `client`."""
+        principal = await self.authenticate(secret, client)
         if not principal.is_admin:
+            await self._count_failure(client)
             raise PermissionDeniedException("this needs an admin API key")
         if principal.key_id is None:
             return principal, None
@@ -314,6 +307,39 @@ class AccessGate:
 
     async def sign_out(self, token: str) -> None:
         await self._store().delete_admin_session(token)
+
+    def _failures_bucket(self, client: str | None) -> str | None:
+        if client is None or self._failed_per_minute <= 0:
+            return None
+        return f"auth-failures:{client}"
+
+    async def _failures_wait_s(self, bucket: str, *, take: bool) -> int:
+        """Failures are counted where requests are (Redis when shared); while Redis is down
+        each process counts its own rather than refusing every request with a key."""
+        try:
+            return await self._limiter.retry_after_s(bucket, self._failed_per_minute, take=take)
+        except RateLimiterUnavailableError:
+            return await self._own_failures.retry_after_s(
+                bucket, self._failed_per_minute, take=take
+            )
+
+    async def _check_failures(self, client: str | None) -> None:
+        """429 while the address has used up its failed attempts (nothing is counted)."""
+        bucket = self._failures_bucket(client)
+        if bucket is None:
+            return
+        wait_s = await self._failures_wait_s(bucket, take=False)
+        if wait_s:
+            raise TooManyRequestsException(
+                f"too many unknown API keys or failed sign-ins from this address "
+                f"({self._failed_per_minute} a minute); retry in {wait_s} s",
+                headers={"Retry-After": str(wait_s)},
+            )
+
+    async def _count_failure(self, client: str | None) -> None:
+        bucket = self._failures_bucket(client)
+        if bucket is not None:
+            await self._failures_wait_s(bucket, take=True)
 
     async def _check_rate(self, owner: KeyOwner) -> None:
         """429 past the key's limit; `RateLimiterUnavailableError` when the shared limiter

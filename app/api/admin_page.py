@@ -24,7 +24,11 @@ from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
 from litestar.di import NamedDependency
 from litestar.enums import RequestEncodingType
-from litestar.exceptions import HTTPException, PermissionDeniedException
+from litestar.exceptions import (
+    HTTPException,
+    PermissionDeniedException,
+    TooManyRequestsException,
+)
 from litestar.params import Body, FromPath, QueryParameter
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
@@ -159,9 +163,12 @@ class AdminLoginController(Controller):
         secret = (data.get("key") or "").strip()
         token = None
         if secret:
+            client = gate.proxies.client_address(request.scope)
             try:
-                _principal, token = await gate.sign_in(secret, _session_ttl_s(request))
-            except HTTPException:  # any refusal is the same answer to a browser
+                _principal, token = await gate.sign_in(secret, _session_ttl_s(request), client)
+            except TooManyRequestsException:
+                raise
+            except HTTPException:  # any other refusal is the same answer to a browser
                 token = None
         if token is None:
             return Template(
