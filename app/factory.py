@@ -29,9 +29,14 @@ from app.access.keys import (
     check_local_mode,
     provide_principal,
 )
+from app.access.proxies import ProxyTrust
 from app.access.rate_limits import RedisRateLimits
 from app.api.admin import AdminController, Deployment
-from app.api.admin_page import AdminLoginController, AdminPageController, form_token_field
+from app.api.admin_page import (
+    AdminLoginController,
+    AdminPageController,
+    register_template_callables,
+)
 from app.api.completions import ChatCompletionController
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.facts import FactController
@@ -64,7 +69,10 @@ def create_app(
         )
         try:
             local_mode = await check_local_mode(
-                runtime.repositories.access, settings.host, bootstrap_key(settings)
+                runtime.repositories.access,
+                settings.host,
+                bootstrap_key(settings),
+                allow_after_keys=settings.access.allow_local_mode_after_keys,
             )
             gate.open(runtime.repositories.access, local_mode=local_mode)
             app.state.runtime = runtime
@@ -109,7 +117,12 @@ def create_app(
         if settings.access.redis_url
         else None
     )
-    gate = AccessGate(settings.access.requests_per_minute, shared_limits)
+    gate = AccessGate(
+        settings.access.requests_per_minute,
+        shared_limits,
+        failed_auth_per_minute=settings.access.failed_auth_per_minute,
+        proxies=ProxyTrust(settings.access.trusted_proxies),
+    )
     mcp = mcp_endpoint(lambda: app.state.runtime)
     service_metrics = ServiceMetrics()
     sampling = SamplingDefaults(
@@ -184,9 +197,7 @@ def create_app(
         template_config=TemplateConfig(
             directory=TEMPLATES_DIR,
             engine=JinjaTemplateEngine,
-            engine_callback=lambda jinja: jinja.register_template_callable(
-                "form_token_field", form_token_field
-            ),
+            engine_callback=register_template_callables,
         ),
     )
     app.asgi_handler = RequestGuard(app.asgi_handler, gate, settings.access.local_hosts)

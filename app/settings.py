@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, IPvAnyNetwork, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -256,6 +256,18 @@ class AccessSettings(BaseModel):
     # Host names (besides localhost and loopback addresses) that local mode answers;
     # any other Host is refused (DNS rebinding).
     local_hosts: list[str] = []
+    # Local mode (no key needed) starts only on a store that never had a key: once one
+    # existed, a store whose keys are all revoked serves with every request needing a key.
+    # True lets such a store start in local mode again.
+    allow_local_mode_after_keys: bool = False
+    # Failed admin sign-ins and unknown or revoked API keys a client address may send a
+    # minute (bursts up to that many); past it, its requests with a key get 429 for a
+    # while. 0 = no limit.
+    failed_auth_per_minute: int = Field(10, ge=0)
+    # Addresses or networks of reverse proxies (e.g. ["10.0.0.2", "fd00::/8"]) whose
+    # X-Forwarded-Proto and X-Forwarded-For are believed: whether the admin cookie is
+    # marked Secure, and the client's address (for the limit above).
+    trusted_proxies: list[IPvAnyNetwork] = []
 
 
 class Settings(BaseSettings):

@@ -195,6 +195,20 @@ class AccessRepository:
             )
             return found is not None
 
+    async def has_ever_had_keys(self) -> bool:
+        """Whether any key was ever made here: revoked keys stay as rows (with
+        `revoked_at`), and no key is ever deleted."""
+        async with self._db.transaction() as session:
+            return await session.scalar(select(ApiKeyRow.id).limit(1)) is not None
+
+    async def is_known_secret(self, secret: str) -> bool:
+        """Whether a key with this secret exists, revoked or not."""
+        async with self._db.transaction() as session:
+            found = await session.scalar(
+                select(ApiKeyRow.id).where(ApiKeyRow.key_hash == hash_secret(secret))
+            )
+            return found is not None
+
     # Audit log ------------------------------------------------------------------------
 
     async def record(

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pytest
 from litestar.testing import AsyncTestClient
 
-from app.access.keys import LocalModeRefusedError, RateLimiter
+from app.access.keys import LocalModeRefusedError
+from app.access.rate_limits import RateLimiter
 from app.factory import create_app
 from app.settings import AccessSettings, Settings
 from storage.access import AccessRepository

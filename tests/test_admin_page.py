@@ -50,6 +50,7 @@ def browser() -> Iterator[object]:
         "--window-size=1400,1000",
     ):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.implicitly_wait(5)
     try:
@@ -162,6 +163,23 @@ async def test_admin_page_in_headless_chromium(settings: Settings, browser) -> N
         wait.until(expected_conditions.staleness_of(row))
         assert "deleted" in browser.find_element(By.ID, f"fact-{fact_id}").text
 
+        # Erasing asks first (the page's own script, allowed by its policy's nonce).
+        browser.find_element(By.ID, "erase").click()
+        wait.until(expected_conditions.alert_is_present())
+        assert browser.switch_to.alert.text.startswith("Erase every message")
+        browser.switch_to.alert.dismiss()
+        assert browser.find_element(By.ID, f"fact-{fact_id}")  # nothing was posted
+
         browser.get(f"{base}/admin/audit")
         audit = browser.find_element(By.ID, "audit").text
         assert "fact.delete" in audit and "fact.update" in audit
+        # The page's style applies under its Content-Security-Policy, and nothing on
+        # any page was blocked by it.
+        header = browser.find_element(By.TAG_NAME, "header")
+        assert header.value_of_css_property("background-color") == "rgba(29, 36, 48, 1)"
+        blocked = [
+            entry["message"]
+            for entry in browser.get_log("browser")
+            if "Content Security Policy" in entry["message"]
+        ]
+        assert blocked == []

@@ -135,7 +135,9 @@ def test_keys_create_list_revoke_and_serve_refuses_open_address_without_keys(
     listed = memchat("keys", "list").stdout.splitlines()
     assert listed[1].split()[:6] == ["1", "acme", "ops", secret[:12], "yes", "-"]
     assert listed[1].endswith("active")
-    assert memchat("keys", "revoke", "1").stdout.strip() == "revoked key 1 ('ops')"
+    revoked = memchat("keys", "revoke", "1")
+    assert revoked.stdout.strip() == "revoked key 1 ('ops')"
+    assert revoked.stderr.splitlines()[-1].startswith("no active key is left: every request")
     assert "revoked" in memchat("keys", "list").stdout.splitlines()[1]
     missing = memchat("keys", "revoke", "9")
     assert missing.returncode == 2

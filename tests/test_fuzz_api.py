@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from app.factory import create_app
-from app.settings import Settings
+from app.settings import AccessSettings, Settings
 from storage import migrate
 from storage.access import AccessRepository
 from storage.db import Database, create_engine
@@ -53,8 +53,12 @@ def fuzz_url(
     else:
         url = f"sqlite+aiosqlite:///{data_dir / 'memchat.db'}"
     secret = asyncio.run(_migrate_with_key(url))
+    # Schemathesis sends each operation a wrong key once to see it refused: past a few,
+    # the throttle of wrong keys per address (tests/test_failed_auth_limits.py) would
+    # answer this address 429, as the key's own limit would (hence its 0 above).
+    no_throttle = AccessSettings(failed_auth_per_minute=0)
     app = create_app(
-        Settings(data_dir=data_dir, database_url=url),
+        Settings(data_dir=data_dir, database_url=url, access=no_throttle),
         embedder=HashEmbedder(),
         # A window far above any valid message, so only real contract breaches fail.
         engine=ScriptedEngine(["A short reply."], context_window=1_000_000),

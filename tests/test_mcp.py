@@ -298,6 +298,69 @@ async def test_in_local_mode_mcp_needs_no_key_and_writes_the_default_tenant(
     assert [(f["id"], f["text"]) for f in listed] == [(fact["id"], "Carol is a nurse")]
 
 
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+async def assert_other_origins_are_refused(base_url: str, key: str | None) -> None:
+    """Pages of other origins (DNS rebinding, another port of this machine) get 403;
+    the service's own origin and clients that send none are served."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
+        for header in (
+            {"Origin": "https://evil.example"},
+            {"Origin": "http://127.0.0.1:1"},
+            {"Origin": "null"},
+            {"Sec-Fetch-Site": "cross-site"},
+        ):
+            for method in ("POST", "GET", "DELETE"):
+                response = await http.request(
+                    method, "/mcp", json=INITIALIZE, headers=ACCEPT | bearer(key) | header
+                )
+                assert response.status_code == 403, (method, header, response.text)
+                assert response.headers["content-type"] == "application/problem+json"
+                assert response.json()["detail"].startswith("a request from"), response.text
+        for header in ({"Origin": base_url}, {}):
+            response = await http.post(
+                "/mcp", json=INITIALIZE, headers=ACCEPT | bearer(key) | header
+            )
+            assert response.status_code == 200, response.text
+            assert response.json()["result"]["serverInfo"]["name"] == "memchat"
+
+
+async def test_http_refuses_other_origins_with_a_key(keys: Keys, base_url: str) -> None:
+    await assert_other_origins_are_refused(base_url, keys.acme)
+
+
+async def test_http_refuses_other_origins_in_local_mode(base_url: str) -> None:
+    await assert_other_origins_are_refused(base_url, None)
+
+
+async def test_get_opens_no_stream_that_never_ends(keys: Keys, base_url: str) -> None:
+    async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
+        headers = {"Accept": "text/event-stream"} | bearer(keys.acme)
+        response = await http.get("/mcp", headers=headers)
+    assert response.status_code == 405, response.text
+    assert response.headers["allow"] == "POST"
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json() == {
+        "type": "about:blank",
+        "title": "Method Not Allowed",
+        "status": 405,
+        "detail": "this MCP server sends nothing but answers: POST each message "
+        "(it opens no event stream on GET)",
+        "instance": "/mcp",
+    }
+
+
 # Over stdio, `memchat mcp` as a subprocess ----------------------------------------------
 
 

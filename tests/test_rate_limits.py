@@ -22,8 +22,7 @@ from litestar import Litestar
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from app.access.keys import RateLimiter
-from app.access.rate_limits import RedisRateLimits
+from app.access.rate_limits import RateLimiter, RedisRateLimits
 from app.factory import create_app
 from app.settings import AccessSettings, Settings
 from storage.access import AccessRepository
@@ -226,6 +225,29 @@ async def test_two_apps_on_one_redis_share_a_keys_limit(
         assert ready["checks"]["rate_limiter"] == "ok (redis)"
 
 
+async def test_two_apps_on_one_redis_share_an_addresss_failed_attempts(
+    tmp_path: Path, sqlite_url: str, redis_url: str, prefix: str
+) -> None:
+    _, unlimited = await make_keys(sqlite_url)
+    apps = []
+    for name in ("a", "b"):
+        settings = settings_for(tmp_path / name, sqlite_url, redis_url, prefix)
+        access = settings.access.model_copy(update={"failed_auth_per_minute": 2})
+        apps.append(make_app(settings.model_copy(update={"access": access})))
+    async with local_client(apps[0]) as one, local_client(apps[1]) as two:
+        for client in (one, two):
+            wrong = await client.get("/v1/knowledge", headers=bearer("mck_wrong"))
+            assert wrong.status_code == 401, wrong.text
+        for client in (one, two):
+            third = await client.get("/v1/knowledge", headers=bearer(unlimited))
+            assert third.status_code == 429, third.text
+            assert third.headers["retry-after"] == "30"
+            assert third.json()["detail"] == (
+                "too many unknown API keys or failed sign-ins from this address "
+                "(2 a minute); retry in 30 s"
+            )
+
+
 @pytest.fixture
 def closed_port() -> Iterator[int]:
     """A port bound but never listening: connecting to it is refused at once."""
@@ -268,8 +290,13 @@ async def test_an_unreachable_redis_refuses_requests_with_503(
                 "code": "service_unavailable",
             }
         }
-        # A key without a limit never asks Redis.
+        # A key without a limit is served: while Redis is down, failed attempts are
+        # counted by each process.
         assert (await client.get("/v1/knowledge", headers=bearer(unlimited))).status_code == 200
+        for _ in range(10):
+            assert (await client.get("/v1/knowledge", headers=bearer("mck_x"))).status_code == 401
+        throttled = await client.get("/v1/knowledge", headers=bearer(unlimited))
+        assert throttled.status_code == 429, throttled.text
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert ready.json()["status"] == "not ready"

@@ -2,11 +2,16 @@
 
 Every request outside the public paths carries `Authorization: Bearer <key>`; the key names
 a tenant, and everything the request reads or writes is that tenant's. A server started
-while no active key exists is in local mode: it serves only on a loopback address and
-every request runs in the default tenant, as an administrator (the operator is the only
-client). Local mode is decided when the server starts and can only end while it runs (at
-the first key created); a server started with keys never falls back to it, whatever is
-revoked later.
+on a store that never had a key is in local mode: it serves only on a loopback address
+and every request runs in the default tenant, as an administrator (the operator is the
+only client). Local mode is decided when the server starts and can only end while it
+runs (at the first key created); a server started with keys never falls back to it,
+whatever is revoked later, and nor does a restart once every key is revoked (unless the
+operator allows it).
+
+Unknown keys and failed admin sign-ins are counted per client address (behind trusted
+proxies, the address they forward: `app.access.proxies`); past the limit the address
+gets 429 for anything it sends with a key.
 
 The admin page cannot send headers on navigation: signing in with an admin key opens a
 session, and its random token (never the key) travels in the `memchat_admin_session`
@@ -17,8 +22,6 @@ cookie (HttpOnly, SameSite=Strict, path /admin), which only the page's routes ac
 from __future__ import annotations
 
 import ipaddress
-import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +36,8 @@ from litestar.exceptions import (
 from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 
-from app.access.rate_limits import RateLimits
+from app.access.proxies import ProxyTrust
+from app.access.rate_limits import RateLimiter, RateLimiterUnavailableError, RateLimits
 from app.settings import Settings
 from storage.access import AccessRepository, KeyOwner
 from storage.models import DEFAULT_TENANT_ID
@@ -101,25 +105,36 @@ MIN_BOOTSTRAP_CHARS = 32
 
 
 async def check_local_mode(
-    access: AccessRepository, host: str, bootstrap_key: str | None = None
+    access: AccessRepository,
+    host: str,
+    bootstrap_key: str | None = None,
+    *,
+    allow_after_keys: bool = False,
 ) -> bool:
     """True in local mode; refuses to serve beyond loopback without keys.
 
+    Local mode starts only on a store that never had a key, unless `allow_after_keys`
+    (MEMCHAT_ACCESS__ALLOW_LOCAL_MODE_AFTER_KEYS): a store whose keys were all revoked
+    was meant to be closed, and opening it to whoever reaches the port on a restart
+    would undo that. It serves instead with every request needing a key (none works
+    until one is created, which works at once, without a restart).
+
     `bootstrap_key` (MEMCHAT_ACCESS__BOOTSTRAP_ADMIN_KEY) becomes an admin key of the tenant
     `operators` when no active key exists, so that a container can serve on its network
-    address from its first start.
+    address from its first start; a bootstrap key that was revoked is never made again.
     """
     if bootstrap_key and not await access.has_active_keys():
-        if len(bootstrap_key) < MIN_BOOTSTRAP_CHARS:
-            raise LocalModeRefusedError(
-                f"the bootstrap admin key must have at least {MIN_BOOTSTRAP_CHARS} characters "
-                "(e.g. `openssl rand -hex 32`)"
-            )
-        await access.create_key(
-            BOOTSTRAP_TENANT, "bootstrap admin", is_admin=True, secret=bootstrap_key
-        )
-        log.info("bootstrap_admin_key_created", tenant=BOOTSTRAP_TENANT)
+        await _create_bootstrap_key(access, bootstrap_key)
     if await access.has_active_keys():
+        return False
+    if await access.has_ever_had_keys() and not allow_after_keys:
+        log.warning(
+            "local_mode_not_started",
+            detail="every API key of this store is revoked: serving with every request "
+            "needing a key (create one with `memchat keys create --tenant NAME --admin`: it "
+            "works at once); MEMCHAT_ACCESS__ALLOW_LOCAL_MODE_AFTER_KEYS=true starts it in "
+            "local mode instead",
+        )
         return False
     if not is_loopback(host):
         raise LocalModeRefusedError(
@@ -135,28 +150,21 @@ async def check_local_mode(
     return True
 
 
-class RateLimiter:
-    """A token bucket per key: `per_minute` requests a minute, bursts up to that many.
-
-    In-process: with several API processes each enforces its own share of the limit
-    (`app.access.rate_limits.RedisRateLimits` shares one bucket between them).
-    """
-
-    def __init__(self, clock: Any = time.monotonic) -> None:
-        self._clock = clock
-        self._buckets: dict[int, tuple[float, float]] = {}
-
-    async def retry_after_s(self, key_id: int, per_minute: int) -> int:
-        """0 if the request may proceed (and is counted), else seconds until it may."""
-        now = self._clock()
-        tokens, last = self._buckets.get(key_id, (float(per_minute), now))
-        rate = per_minute / 60.0
-        tokens = min(float(per_minute), tokens + (now - last) * rate)
-        if tokens >= 1.0:
-            self._buckets[key_id] = (tokens - 1.0, now)
-            return 0
-        self._buckets[key_id] = (tokens, now)
-        return max(1, math.ceil((1.0 - tokens) / rate))
+async def _create_bootstrap_key(access: AccessRepository, secret: str) -> None:
+    if len(secret) < MIN_BOOTSTRAP_CHARS:
+        raise LocalModeRefusedError(
+            f"the bootstrap admin key must have at least {MIN_BOOTSTRAP_CHARS} characters "
+            "(e.g. `openssl rand -hex 32`)"
+        )
+    if await access.is_known_secret(secret):
+        log.warning(
+            "bootstrap_admin_key_revoked",
+            detail="MEMCHAT_ACCESS__BOOTSTRAP_ADMIN_KEY names a revoked key: it stays "
+            "revoked; set a new secret to make a new bootstrap key",
+        )
+        return
+    await access.create_key(BOOTSTRAP_TENANT, "bootstrap admin", is_admin=True, secret=secret)
+    log.info("bootstrap_admin_key_created", tenant=BOOTSTRAP_TENANT)
 
 
 def is_admin_page(path: str) -> bool:
@@ -190,7 +198,9 @@ class AccessMiddleware(AbstractAuthenticationMiddleware):
                 connection.cookies.get(ADMIN_SESSION_COOKIE)
             )
         else:
-            principal = await gate.authenticate(secret)
+            principal = await gate.authenticate(
+                secret, gate.proxies.client_address(connection.scope)
+            )
         return AuthenticationResult(user=principal, auth=principal.key_id)
 
 
@@ -203,11 +213,21 @@ class AccessGate:
     (and every session it opened) stops at once, in every process."""
 
     def __init__(
-        self, default_requests_per_minute: int, rate_limits: RateLimits | None = None
+        self,
+        default_requests_per_minute: int,
+        rate_limits: RateLimits | None = None,
+        *,
+        failed_auth_per_minute: int = 0,
+        proxies: ProxyTrust | None = None,
     ) -> None:
-        """`rate_limits`: where requests are counted; None = this process (`RateLimiter`)."""
+        """`rate_limits`: where requests are counted; None = this process (`RateLimiter`).
+        `failed_auth_per_minute`: unknown keys and failed sign-ins a client address may
+        send (0: no limit); `proxies`: whose forwarded headers name the client."""
         self._default_rpm = default_requests_per_minute
         self._limiter: RateLimits = RateLimiter() if rate_limits is None else rate_limits
+        self._failed_per_minute = failed_auth_per_minute
+        self._own_failures = RateLimiter()
+        self.proxies = proxies if proxies is not None else ProxyTrust(())
         self._access: AccessRepository | None = None
         self._is_local = False
 
@@ -239,15 +259,20 @@ class AccessGate:
             return False
         return True
 
-    async def authenticate(self, secret: str | None) -> Principal:
-        """The principal of a Bearer key (or of local mode)."""
+    async def authenticate(self, secret: str | None, client: str | None = None) -> Principal:
+        """The principal of a Bearer key (or of local mode). `client`: the address whose
+        unknown keys are counted (None: not counted)."""
         access = self._store()
         if await self._still_local(access):
             return LOCAL_PRINCIPAL
         if secret is None:
             raise NotAuthorizedException(_KEY_REQUIRED, headers=_BEARER_REALM)
+        # Checked before the key: past its limit an address learns nothing of any key,
+        # a right one included, until it may try again.
+        await self._check_failures(client)
         owner = await access.get_key_owner_or_none(secret)
         if owner is None:
+            await self._count_failure(client)
             raise NotAuthorizedException(
                 "unknown or revoked API key",
                 headers={"WWW-Authenticate": 'Bearer realm="memchat", error="invalid_token"'},
@@ -266,11 +291,15 @@ class AccessGate:
         await self._check_rate(owner)
         return principal_of(owner)
 
-    async def sign_in(self, secret: str, ttl_s: float) -> tuple[Principal, str | None]:
+    async def sign_in(
+        self, secret: str, ttl_s: float, client: str | None = None
+    ) -> tuple[Principal, str | None]:
         """An admin key's principal and a new session token (None in local mode, which
-        needs no session); refuses keys that are unknown, revoked or not admin."""
-        principal = await self.authenticate(secret)
+        needs no session); refuses keys that are unknown, revoked or not admin, and
+        counts each refusal against `client`."""
+        principal = await self.authenticate(secret, client)
         if not principal.is_admin:
+            await self._count_failure(client)
             raise PermissionDeniedException("this needs an admin API key")
         if principal.key_id is None:
             return principal, None
@@ -278,6 +307,39 @@ class AccessGate:
 
     async def sign_out(self, token: str) -> None:
         await self._store().delete_admin_session(token)
+
+    def _failures_bucket(self, client: str | None) -> str | None:
+        if client is None or self._failed_per_minute <= 0:
+            return None
+        return f"auth-failures:{client}"
+
+    async def _failures_wait_s(self, bucket: str, *, take: bool) -> int:
+        """Failures are counted where requests are (Redis when shared); while Redis is down
+        each process counts its own rather than refusing every request with a key."""
+        try:
+            return await self._limiter.retry_after_s(bucket, self._failed_per_minute, take=take)
+        except RateLimiterUnavailableError:
+            return await self._own_failures.retry_after_s(
+                bucket, self._failed_per_minute, take=take
+            )
+
+    async def _check_failures(self, client: str | None) -> None:
+        """429 while the address has used up its failed attempts (nothing is counted)."""
+        bucket = self._failures_bucket(client)
+        if bucket is None:
+            return
+        wait_s = await self._failures_wait_s(bucket, take=False)
+        if wait_s:
+            raise TooManyRequestsException(
+                f"too many unknown API keys or failed sign-ins from this address "
+                f"({self._failed_per_minute} a minute); retry in {wait_s} s",
+                headers={"Retry-After": str(wait_s)},
+            )
+
+    async def _count_failure(self, client: str | None) -> None:
+        bucket = self._failures_bucket(client)
+        if bucket is not None:
+            await self._failures_wait_s(bucket, take=True)
 
     async def _check_rate(self, owner: KeyOwner) -> None:
         """429 past the key's limit; `RateLimiterUnavailableError` when the shared limiter

@@ -1,6 +1,6 @@
 """Per-key rate limits shared by every API process: a token bucket per key in Redis.
 
-Behind a load balancer each process's own bucket (`app.access.keys.RateLimiter`) lets a
+Behind a load balancer each process's own bucket (`RateLimiter`) lets a
 key make N times its limit across N processes. Here every process runs the same Lua
 script against one Redis server, so the bucket of a key is one bucket:
 
@@ -18,8 +18,9 @@ script against one Redis server, so the bucket of a key is one bucket:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from redis.asyncio import Redis
@@ -34,9 +35,53 @@ class RateLimits(Protocol):
     """Counts a key's requests against its limit: `per_minute` a minute, bursts up to that
     many (a token bucket holding `per_minute` tokens, refilled at `per_minute / 60` a second)."""
 
-    async def retry_after_s(self, key_id: int, per_minute: int) -> int:
-        """0 if the request may proceed (and is counted), else whole seconds until it may."""
+    async def retry_after_s(self, key_id: int | str, per_minute: int, *, take: bool = True) -> int:
+        """0 if the request may proceed (and is counted, unless not `take`: then it only
+        looks), else whole seconds until it may. `key_id`: a key's id, or the name of
+        another bucket (`auth-failures:<address>`)."""
         ...
+
+
+class RateLimiter:
+    """A token bucket per key (or other bucket name): `per_minute` requests a minute,
+    bursts up to that many.
+
+    In-process: with several API processes each enforces its own share of the limit
+    (`RedisRateLimits` shares one bucket between them). Buckets
+    that would be full again are dropped once there are many (one per client address
+    of failed sign-ins can grow without bound otherwise).
+    """
+
+    MAX_BUCKETS = 100_000
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[int | str, tuple[float, float, int]] = {}
+
+    async def retry_after_s(self, key_id: int | str, per_minute: int, *, take: bool = True) -> int:
+        """0 if the request may proceed (and is counted, unless not `take`), else seconds
+        until it may."""
+        now = self._clock()
+        stored = self._buckets.get(key_id)
+        tokens, last, _ = stored if stored else (float(per_minute), now, per_minute)
+        rate = per_minute / 60.0
+        tokens = min(float(per_minute), tokens + (now - last) * rate)
+        if tokens >= 1.0:
+            if take:
+                self._store(key_id, (tokens - 1.0, now, per_minute))
+            return 0
+        self._store(key_id, (tokens, now, per_minute))
+        return max(1, math.ceil((1.0 - tokens) / rate))
+
+    def _store(self, key_id: int | str, state: tuple[float, float, int]) -> None:
+        if key_id not in self._buckets and len(self._buckets) >= self.MAX_BUCKETS:
+            now = self._clock()
+            self._buckets = {
+                k: (tokens, last, size)
+                for k, (tokens, last, size) in self._buckets.items()
+                if tokens + (now - last) * size / 60.0 < size
+            }
+        self._buckets[key_id] = state
 
 
 class RateLimiterUnavailableError(RuntimeError):
@@ -44,8 +89,9 @@ class RateLimiterUnavailableError(RuntimeError):
 
 
 # KEYS[1]: the key's bucket (a hash: tokens, ms of its last request).
-# ARGV[1]: requests per minute (the bucket's size); ARGV[2]: now in ms, "" = Redis TIME.
-# Returns 0 (a token was taken) or the whole seconds until one is there (at least 1).
+# ARGV[1]: requests per minute (the bucket's size); ARGV[2]: now in ms, "" = Redis TIME;
+# ARGV[3]: "0" only looks (takes no token and writes nothing).
+# Returns 0 (a token was (or could be) taken) or the whole seconds until one is there.
 # Times are integer milliseconds (exact in Lua's doubles); numbers are written with
 # string.format, since Lua's default "%.14g" would round them.
 TOKEN_BUCKET_LUA = """
@@ -74,6 +120,9 @@ if tokens >= 1 then
   tokens = tokens - 1
 else
   wait_s = math.max(1, math.ceil((1 - tokens) / rate / 1000))
+end
+if ARGV[3] == '0' then
+  return wait_s
 end
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
   'ms', string.format('%d', now))
@@ -116,13 +165,14 @@ class RedisRateLimits:
         )
         return cls(client, prefix, clock=clock)
 
-    def bucket_key(self, key_id: int) -> str:
+    def bucket_key(self, key_id: int | str) -> str:
         return f"{self._prefix}:rate:{key_id}"
 
-    async def retry_after_s(self, key_id: int, per_minute: int) -> int:
+    async def retry_after_s(self, key_id: int | str, per_minute: int, *, take: bool = True) -> int:
         now_ms = "" if self._clock is None else str(math.floor(self._clock() * 1000))
+        args: list[int | str] = [per_minute, now_ms, "1" if take else "0"]
         try:
-            wait_s = await self._script(keys=[self.bucket_key(key_id)], args=[per_minute, now_ms])
+            wait_s = await self._script(keys=[self.bucket_key(key_id)], args=args)
         except RedisError as exc:
             log.error("rate_limiter_unavailable", error=str(exc))
             raise RateLimiterUnavailableError(f"Redis did not answer: {exc}") from exc

@@ -24,14 +24,20 @@ from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
 from litestar.di import NamedDependency
 from litestar.enums import RequestEncodingType
-from litestar.exceptions import HTTPException, PermissionDeniedException
+from litestar.exceptions import (
+    HTTPException,
+    PermissionDeniedException,
+    TooManyRequestsException,
+)
 from litestar.params import Body, FromPath, QueryParameter
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.status_codes import HTTP_303_SEE_OTHER
 from markupsafe import Markup
 
 from app.access.keys import ADMIN_SESSION_COOKIE, AccessGate, Principal, admin_only
 from app.admin.actions import correct_fact, erase, remove_fact, session_of_user
+from app.api.guard import CSP_NONCE
 from retrieval.chat.search import MemorySearch
 from retrieval.errors import InvalidInputError
 from retrieval.facts.memory import FactMemory
@@ -67,13 +73,16 @@ def safe_back(value: str | None, default: str) -> str:
 
 
 def _cookie(key: str, value: str, request: Request[Any, Any, Any], **extra: Any) -> Cookie:
+    """Secure when the browser's connection was TLS, to this server or to a trusted proxy
+    (MEMCHAT_ACCESS__TRUSTED_PROXIES) in front of it."""
+    gate: AccessGate = request.app.state.access_gate
     return Cookie(
         key=key,
         value=value,
         path="/admin",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=gate.proxies.is_https(request.scope),
         **extra,
     )
 
@@ -100,6 +109,17 @@ def form_token_field(context: Mapping[str, Any]) -> Markup:
     """`{{ form_token_field() }}` in a template: the hidden field every form must carry."""
     token = csrf_token(context["request"])
     return Markup(f'<input type="hidden" name="{CSRF_FIELD}" value="{token}">')
+
+
+def csp_nonce(context: Mapping[str, Any]) -> str:
+    """`{{ csp_nonce() }}` in a template: the nonce that lets its own style and script run
+    under the page's Content-Security-Policy (made per request by `app.api.guard`)."""
+    return str(context["request"].scope.get("state", {}).get(CSP_NONCE, ""))
+
+
+def register_template_callables(jinja: JinjaTemplateEngine) -> None:
+    jinja.register_template_callable("form_token_field", form_token_field)
+    jinja.register_template_callable("csp_nonce", csp_nonce)
 
 
 def check_csrf(request: Request[Any, Any, Any], data: Mapping[str, str]) -> None:
@@ -143,9 +163,12 @@ class AdminLoginController(Controller):
         secret = (data.get("key") or "").strip()
         token = None
         if secret:
+            client = gate.proxies.client_address(request.scope)
             try:
-                _principal, token = await gate.sign_in(secret, _session_ttl_s(request))
-            except HTTPException:  # any refusal is the same answer to a browser
+                _principal, token = await gate.sign_in(secret, _session_ttl_s(request), client)
+            except TooManyRequestsException:
+                raise
+            except HTTPException:  # any other refusal is the same answer to a browser
                 token = None
         if token is None:
             return Template(

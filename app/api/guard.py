@@ -14,6 +14,17 @@ needs, and the admin page's cookie sessions are exposed the same way. So:
   127.0.0.1) or when their `Origin` is not the service's own. Clients that are not
   browsers send neither header and pass.
 
+- In local mode a request that came through a reverse proxy (it carries `Forwarded`,
+  `X-Forwarded-For` or another proxy's header) is refused: a proxy on this machine
+  passes the Host check (nginx sends the upstream's `127.0.0.1:PORT`) while its clients
+  may be anywhere. Local mode is for this machine's own clients only.
+- MCP (`/mcp`), in any mode and for every method, refuses requests from another site
+  or origin by the same rule (the MCP transport requires servers to check `Origin`).
+- Every answer under /admin (the page and the admin API, refusals included) tells the
+  browser not to frame, sniff, cache or refer it on, with a Content-Security-Policy
+  that lets only the page's own style and script run (their nonce is made here, per
+  request, in `scope["state"]`).
+
 Bodies of JSON operations must be sent as JSON (`app.api.requests`), which a page cannot
 do across origins without a CORS preflight that this service never grants; admin forms
 carry a token tied to the session (`app.api.admin_page`).
@@ -21,6 +32,7 @@ carry a token tied to the session (`app.api.admin_page`).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -37,6 +49,7 @@ if TYPE_CHECKING:
         HTTPResponseBodyEvent,
         HTTPResponseStartEvent,
         HTTPScope,
+        Message,
         Receive,
         Scope,
         Send,
@@ -44,6 +57,41 @@ if TYPE_CHECKING:
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CROSS_SITE = frozenset({"cross-site", "same-site"})
+# Headers a reverse proxy adds (RFC 7239's, the de facto X-Forwarded-*, nginx's and
+# Apache's): none comes from a client on this machine talking to the service directly.
+PROXY_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip", "via")
+CSP_NONCE = "memchat_csp_nonce"
+
+
+def content_security_policy(nonce: str) -> str:
+    return (
+        f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
+        "img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    )
+
+
+def admin_headers(nonce: str) -> list[tuple[bytes, bytes]]:
+    """What every /admin answer carries: its page runs nothing but its own nonce's style
+    and script, in no frame, is kept by no cache, and its address is sent to no other
+    site."""
+    return [
+        (b"content-security-policy", content_security_policy(nonce).encode()),
+        (b"x-frame-options", b"DENY"),
+        (b"x-content-type-options", b"nosniff"),
+        # Not no-referrer: under it Chrome sends `Origin: null` with the page's own form
+        # posts, which the cross-origin check above refuses.
+        (b"referrer-policy", b"same-origin"),
+        (b"cache-control", b"no-store"),
+    ]
+
+
+def is_admin_area(path: str) -> bool:
+    """The admin page and the admin API."""
+    return path == "/admin" or path.startswith("/admin/")
+
+
+def is_mcp(path: str) -> bool:
+    return path == "/mcp" or path.startswith("/mcp/")
 
 
 def host_name(host: str) -> str:
@@ -81,7 +129,15 @@ class RequestGuard:
                 f"the Host {host!r} is not this machine: in local mode the service answers "
                 "only requests addressed to localhost or a loopback address"
             )
-        if scope["method"] not in UNSAFE_METHODS or not (local or is_admin_page(scope["path"])):
+        if local and any(name in headers for name in PROXY_HEADERS):
+            return (
+                "a request through a proxy is refused: in local mode (no API keys) the "
+                "service answers only clients on this machine; create a key "
+                "(`memchat keys create --tenant NAME`) to serve behind a proxy"
+            )
+        path = scope["path"]
+        unsafe = scope["method"] in UNSAFE_METHODS
+        if not (is_mcp(path) or (unsafe and (local or is_admin_page(path)))):
             return None
         if headers.get("sec-fetch-site") in CROSS_SITE:
             return "a request from another site or origin is refused"
@@ -94,6 +150,8 @@ class RequestGuard:
         if scope["type"] != ScopeType.HTTP:
             await self._app(scope, receive, send)
             return
+        if is_admin_area(scope["path"]):
+            send = self._with_admin_headers(scope, send)
         reason = self._refusal(scope)
         if reason is None:
             await self._app(scope, receive, send)
@@ -114,3 +172,18 @@ class RequestGuard:
         }
         await send(start)
         await send(end)
+
+    @staticmethod
+    def _with_admin_headers(scope: Scope, send: Send) -> Send:
+        nonce = secrets.token_urlsafe(16)
+        scope.setdefault("state", {})[CSP_NONCE] = nonce
+        added = admin_headers(nonce)
+        replaced = {name for name, _ in added}
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in replaced]
+                message["headers"] = [*kept, *added]
+            await send(message)
+
+        return send_with_headers

@@ -98,7 +98,12 @@ async def _check_access(settings: Settings) -> None:
 
     db = Database.open(settings.resolved_database_url())
     try:
-        await check_local_mode(AccessRepository(db), settings.host, bootstrap_key(settings))
+        await check_local_mode(
+            AccessRepository(db),
+            settings.host,
+            bootstrap_key(settings),
+            allow_after_keys=settings.access.allow_local_mode_after_keys,
+        )
     finally:
         await db.dispose()
 

@@ -16,6 +16,7 @@ from app.settings import Settings
 from storage.access import AccessRepository
 from storage.db import Database
 from storage.errors import NotFoundError
+from storage.records import ApiKey
 
 T = TypeVar("T")
 
@@ -67,12 +68,22 @@ def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    async def revoke(access: AccessRepository) -> tuple[ApiKey, bool]:
+        return await access.revoke_key(args.key_id), await access.has_active_keys()
+
     try:
-        key = _with_access(settings, lambda access: access.revoke_key(args.key_id))
+        key, any_left = _with_access(settings, revoke)
     except NotFoundError:
         print(f"memchat keys revoke: no key with id {args.key_id}", file=sys.stderr)
         return 2
     print(f"revoked key {key.id} ({key.name!r})")
+    if not any_left:
+        print(
+            "no active key is left: every request needs a key until one is created "
+            "(the service does not go back to local mode, even on a restart, unless "
+            "MEMCHAT_ACCESS__ALLOW_LOCAL_MODE_AFTER_KEYS=true)",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -31,7 +31,12 @@ STDIO_HOST = "127.0.0.1"
 
 
 async def open_gate(gate: AccessGate, access: AccessRepository, settings: Settings) -> None:
-    local_mode = await check_local_mode(access, STDIO_HOST, bootstrap_key(settings))
+    local_mode = await check_local_mode(
+        access,
+        STDIO_HOST,
+        bootstrap_key(settings),
+        allow_after_keys=settings.access.allow_local_mode_after_keys,
+    )
     gate.open(access, local_mode=local_mode)
 
 
