@@ -48,18 +48,19 @@ _BLACK_FLAG = "\U0001f3f4"
 _FLAG = f"{_BLACK_FLAG}[\U000e0030-\U000e0039\U000e0061-\U000e007a]{{2,7}}\U000e007f"
 _SELECTOR = "\ufe00-\ufe0f\U000e0100-\U000e01ef"
 _JOINER = "\u200c\u200d"
-# The characters the rules below may drop. Astral ones as two ranges (a range in a class
-# costs a comparison per character scanned): the unassigned U+E0080-U+E00FF between
-# the tags and the selectors are looked at too, and kept.
-_SUSPECT_RUN = re.compile(
+# The characters the rules below may drop. Astral ones as two ranges (each range in a
+# class costs a comparison per character scanned): the unassigned U+E0080-U+E00FF
+# between the tags and the selectors are looked at too, and kept.
+# No `+`: a repeat costs more per character scanned than the class alone.
+_SUSPECT = re.compile(
     "[\u00ad\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufe00-\ufe0f"
-    "\ufeff\ufff9-\ufffb\U0001d173-\U0001d17a\U000e0000-\U000e01ef]+"
+    "\ufeff\ufff9-\ufffb\U0001d173-\U0001d17a\U000e0000-\U000e01ef]"
 )
 # Fewer runs of such characters than one in this many characters: each is cleaned where
 # it is.
 _SPARSE = 32
-_DROPPED = re.compile(f"[{_ALWAYS_DROPPED}]+")
-_TAGS = re.compile(f"[{_TAG}]+")
+_DROPPED = re.compile(f"[{_ALWAYS_DROPPED}]")
+_TAGS = re.compile(f"[{_TAG}]")
 _FLAGS = re.compile(f"({_FLAG})")
 # A visible character: not whitespace, not invisible, not a control character.
 _VISIBLE = f"[^{WHITESPACE}{INVISIBLE}\\x00-\\x1f\\x7f-\\x9f]"
@@ -102,12 +103,28 @@ def normalise(text: str) -> str:
     """
     if text.isascii():
         return text
-    runs = [run.span() for run in _SUSPECT_RUN.finditer(text)]
-    if len(runs) * _SPARSE > len(text):
+    runs = _runs(text)
+    if runs is None:
         text = _cleaned(text)
     elif runs:
         text = _cleaned_runs(text, runs)
     return unicodedata.normalize("NFC", text)
+
+
+def _runs(text: str) -> list[tuple[int, int]] | None:
+    """Where the runs of characters the rules may drop are, or None for more runs than
+    one in `_SPARSE` characters (then whole-text passes are quicker)."""
+    runs: list[tuple[int, int]] = []
+    limit = len(text) // _SPARSE
+    for match in _SUSPECT.finditer(text):
+        start, end = match.span()
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], end)
+        elif len(runs) == limit:
+            return None
+        else:
+            runs.append((start, end))
+    return runs
 
 
 def _cleaned_runs(text: str, runs: list[tuple[int, int]]) -> str:
@@ -141,7 +158,7 @@ def _cleaned(text: str) -> str:
 
 def has_tag_letters(text: str) -> bool:
     """Whether the text has a tag character that stands for an ASCII character."""
-    return _TAG_LETTERS.search(text) is not None
+    return not text.isascii() and _TAG_LETTERS.search(text) is not None
 
 
 def reveal_tags(text: str) -> str:

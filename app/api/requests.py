@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import re
 from typing import Any, TypeVar
 
 import msgspec
@@ -32,9 +31,6 @@ from retrieval.text import normalise
 T = TypeVar("T")
 MAX_DEPTH = 64
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-# Characters that may make text other than NUL refused: surrogates, tags for ASCII.
-_ATTENTION = re.compile("[\ud800-\udfff\U000e0020-\U000e007e]")
 NUL_RULE = "text must not contain NUL (U+0000)"
 HIDDEN_INSTRUCTION_RULE = (
     "the text spells an instruction to the assistant in invisible tag characters "
@@ -42,41 +38,51 @@ HIDDEN_INSTRUCTION_RULE = (
 )
 
 
-def _text_refusal(value: str) -> tuple[int, str] | None:
-    """Why a client's text is refused, with the status, or None: a lone surrogate (not
-    Unicode: it cannot be stored or encoded), NUL (PostgreSQL text cannot hold it), or
-    an instruction only tag characters spell, which `normalise` would silently drop."""
+def _refusal(value: str) -> tuple[int, str, str]:
+    """The text as the service keeps it, or why it is refused (a status and a message):
+    a lone surrogate (not Unicode: it cannot be stored or encoded), NUL (PostgreSQL text
+    cannot hold it), or an instruction only tag characters spell, which `normalise`
+    would silently drop. The common cases cost one scan: ASCII text none."""
     if "\x00" in value:
-        return 422, NUL_RULE
-    if value.isascii() or _ATTENTION.search(value) is None:  # one fast scan, or none
-        return None
-    if found := _SURROGATE.search(value):
-        code = ord(found.group())
-        return 400, (
-            f"the body holds a lone surrogate (U+{code:04X}); a \\uD800-\\uDFFF escape is "
-            "only half of a character, and must be followed by its other half "
-            "(\\uD83D\\uDE00 is one emoji)"
+        return 422, NUL_RULE, value
+    if value.isascii():
+        return 0, "", value
+    try:
+        value.encode("utf-8")  # quicker than a scan for surrogates
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        return (
+            400,
+            (
+                f"the body holds a lone surrogate (U+{code:04X}); a \\uD800-\\uDFFF escape is "
+                "only half of a character, and must be followed by its other half "
+                "(\\uD83D\\uDE00 is one emoji)"
+            ),
+            value,
         )
-    if hides_instruction(value):
-        return 422, HIDDEN_INSTRUCTION_RULE
-    return None
+    kept = normalise(value)
+    # Only text that loses characters can have hidden an instruction in them.
+    if kept != value and hides_instruction(value):
+        return 422, HIDDEN_INSTRUCTION_RULE, value
+    return 0, "", kept
 
 
 def incoming_text(value: str, field: str) -> str:
     """A client's text outside a JSON body (MCP tool arguments, form fields) as the
     service keeps it (`retrieval.text.normalise`), by the rules of JSON bodies."""
-    if refusal := _text_refusal(value):
-        raise InvalidInputError(field, refusal[1])
-    return normalise(value)
+    status, message, kept = _refusal(value)
+    if status:
+        raise InvalidInputError(field, message)
+    return kept
 
 
 def _body_text(value: str, path: str) -> str:
-    if refusal := _text_refusal(value):
-        status, message = refusal
-        if status == 400:
-            raise BadBodyError(400, message.replace("; ", f" at `{path}`: ", 1))
+    status, message, kept = _refusal(value)
+    if status == 400:
+        raise BadBodyError(400, message.replace("; ", f" at `{path}`: ", 1))
+    if status:
         raise BadBodyError(status, f"{message} - at `{path}`")
-    return normalise(value)
+    return kept
 
 
 def _normalise(value: Any, path: str = "$", depth: int = 0) -> Any:
