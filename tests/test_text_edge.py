@@ -292,3 +292,17 @@ async def test_bytes_that_are_not_utf8_are_refused_with_where_they_are(
     )
     assert response.json() == problem(400, detail, path)
     assert (await client.get(f"/v1/sessions/{session_id}/messages")).json() == {"messages": []}
+
+
+async def test_an_uploaded_documents_text_is_normalised(client: AsyncTestClient) -> None:
+    data = "Tea\u200b time\u202e for two, e\u0301clair".encode()
+    response = await client.post(
+        "/v1/knowledge", files={"file": ("notes.txt", data)}, data={"user_id": "alice"}
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["num_chars"] == len("Tea time for two, \u00e9clair")
+    hidden = ("Tea time " + tags(INSTRUCTION)).encode()
+    refused = await client.post(
+        "/v1/knowledge", files={"file": ("notes.txt", hidden)}, data={"user_id": "alice"}
+    )
+    assert refused.json() == invalid("file", HIDDEN_RULE, "/v1/knowledge", prefix="")
