@@ -38,6 +38,7 @@ from markupsafe import Markup
 from app.access.keys import ADMIN_SESSION_COOKIE, AccessGate, Principal, admin_only
 from app.admin.actions import correct_fact, erase, remove_fact, session_of_user
 from app.api.guard import CSP_NONCE
+from app.api.requests import incoming_text
 from retrieval.chat.search import MemorySearch
 from retrieval.errors import InvalidInputError
 from retrieval.facts.memory import FactMemory
@@ -324,6 +325,7 @@ class AdminPageController(Controller):
         check_csrf(request, data)
         before, user = await fact_memory.get_fact(fact_id)
         text = data.get("text")
+        text = None if text is None else incoming_text(text, "text")
         priority = _priority(data.get("priority"))
         pinned = {"pin": True, "unpin": False}.get(data.get("action", ""))
         await correct_fact(

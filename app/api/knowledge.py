@@ -24,7 +24,7 @@ from app.api import schemas
 from app.api.bodies import document_body
 from app.api.errors import BadBodyError
 from app.api.problems import problems
-from app.api.requests import convert_strict, strict_body
+from app.api.requests import convert_strict, incoming_text, strict_body
 from app.api.tenancy import document_of
 from retrieval.errors import InvalidInputError, UnsupportedDocumentError
 from retrieval.knowledge.base import KnowledgeBase, Upload
@@ -142,6 +142,7 @@ async def _file_upload(request: Request[Any, Any, Any], max_bytes: int, tenant_i
     fields = _text_fields(form)
     data = await file.read()
     source, text = read_upload(file.filename, data, max_bytes)
+    text = incoming_text(text, "file")  # as the text of a JSON body is
     title = fields.title or PurePath(file.filename).stem or file.filename
     return Upload(
         tenant_id, fields.user_id, title[:500], text, fields.metadata, source, file.filename

@@ -14,10 +14,12 @@ from storage.records import DocumentFields, FactFields, StoredMessage
 # A user id is addressable in a path: no "/", no control (C0 or C1) or invisible
 # characters, no space at either end, not blank. Whitespace is spelled out rather than
 # `\s`, which means other characters in Python (U+0085, U+001C-U+001F) than in the
-# JSON Schema (ECMA-262) reading of the documented pattern.
+# JSON Schema (ECMA-262) reading of the documented pattern. Python's `$` (msgspec
+# matches patterns with `re.search`) also matches before a final newline, and `\Z` is
+# not ECMA-262: `$(?!\n)` ends the text in both readings, so "alice\n" is refused.
 _ID_CHAR = f"[^/\\x00-\\x1f\\x7f-\\x9f{INVISIBLE}]"
 _ID_EDGE = f"[^{WHITESPACE}/\\x00-\\x1f\\x7f-\\x9f{INVISIBLE}]"
-USER_ID_PATTERN = f"^{_ID_EDGE}(?:{_ID_CHAR}*{_ID_EDGE})?$"
+USER_ID_PATTERN = f"^{_ID_EDGE}(?:{_ID_CHAR}*{_ID_EDGE})?$(?!\\n)"
 UserId = Annotated[str, Meta(min_length=1, max_length=255, pattern=USER_ID_PATTERN)]
 Role = Literal["user", "assistant", "system"]
 Kind = Literal["turn", "fact", "knowledge"]

@@ -4,7 +4,8 @@ Each method is its REST route's work (app/api/memory.py, facts.py, sessions.py):
 use cases and repositories, the same tenant checks (another tenant's session or fact is
 as missing as none) and the same bodies. Two differences suit an agent: a user memchat
 has not met yet has an empty memory (no "user not found"), and a session's turns are
-its most recent ones.
+its most recent ones. Text arguments are normalised as JSON bodies are
+(`app.api.requests.incoming_text`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from app.access.keys import Principal
 from app.api import schemas
 from app.api.bodies import fact_body, message_body, search_result_body, session_body
 from app.api.errors import ID_RULE
+from app.api.requests import incoming_text
 from app.api.tenancy import check_fact
 from app.runtime import Runtime
 from retrieval.chat.sessions import session_of_tenant
@@ -29,10 +31,17 @@ ALL_KINDS = ("turn", "fact", "knowledge")
 _USER_ID = re.compile(schemas.USER_ID_PATTERN)
 
 
-def check_user_id(user_id: str) -> None:
-    """The REST API's rule for user ids (they appear in its paths)."""
+def check_user_id(user_id: str) -> str:
+    """The user id as the REST API takes it: normalised like any text a client sends,
+    then held to the rule for ids (they appear in its paths)."""
+    user_id = incoming_text(user_id, "user_id")
     if not _USER_ID.search(user_id):
         raise InvalidInputError("user_id", ID_RULE)
+    return user_id
+
+
+def _optional_text(value: str | None, field: str) -> str | None:
+    return None if value is None else incoming_text(value, field)
 
 
 class MemoryTools:
@@ -43,7 +52,7 @@ class MemoryTools:
         self._runtime = runtime
 
     async def _user_or_none(self, principal: Principal, user_id: str) -> User | None:
-        check_user_id(user_id)
+        user_id = check_user_id(user_id)
         users = self._runtime().repositories.users
         return await users.get_user_or_none(user_id, tenant_id=principal.tenant_id)
 
@@ -58,6 +67,8 @@ class MemoryTools:
     ) -> schemas.SearchResponse:
         runtime = self._runtime()
         user = await self._user_or_none(principal, user_id)
+        query = incoming_text(query, "query")
+        session_id = _optional_text(session_id, "session_id")
         if session_id is not None:
             state = await session_of_tenant(
                 runtime.repositories.sessions, session_id, principal.tenant_id
@@ -81,7 +92,9 @@ class MemoryTools:
         pinned: bool | None,
         priority: int | None,
     ) -> schemas.Fact:
-        check_user_id(user_id)
+        user_id = check_user_id(user_id)
+        text = incoming_text(text, "text")
+        subject = _optional_text(subject, "subject")
         runtime = self._runtime()
         user = await runtime.repositories.users.ensure_user(user_id, tenant_id=principal.tenant_id)
         fact = await runtime.facts.add_fact(
@@ -121,6 +134,7 @@ class MemoryTools:
         pinned: bool | None,
         priority: int | None,
     ) -> schemas.Fact:
+        text = _optional_text(text, "text")
         facts = self._runtime().facts
         current, user = await facts.get_fact(fact_id)
         check_fact(principal, current, user)
@@ -140,12 +154,13 @@ class MemoryTools:
         if user is None:
             return schemas.SessionList(sessions=[])
         sessions = self._runtime().repositories.sessions
-        rows = await sessions.list_sessions(user_id, tenant_id=principal.tenant_id)
+        rows = await sessions.list_sessions(user.external_id, tenant_id=principal.tenant_id)
         return schemas.SessionList(sessions=[session_body(c, user, n) for c, n in rows])
 
     async def recent_turns(
         self, principal: Principal, session_id: str, limit: int
     ) -> schemas.MessageList:
+        session_id = incoming_text(session_id, "session_id")
         repositories = self._runtime().repositories
         await session_of_tenant(repositories.sessions, session_id, principal.tenant_id)
         rows = await repositories.messages.list_last_messages(session_id, limit)

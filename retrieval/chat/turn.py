@@ -29,6 +29,7 @@ from retrieval.errors import EngineBusyError
 from retrieval.prompt.reuse import PrefixTracker
 from retrieval.protocols import Completion, Engine, SamplingParams
 from retrieval.search.memory import TurnMemory
+from retrieval.text import normalise
 from retrieval.window.keeper import WindowKeeper
 from storage.messages import MessageRepository
 from storage.records import NewTurn, Session, Turn
@@ -194,12 +195,15 @@ class ChatTurn:
                         yield event
             if completion is None:  # pragma: no cover - engines always finish with one
                 raise RuntimeError("engine stream ended without a completion")
+            # Stored as clients' text is (retrieval.text.normalise): a model can echo tag
+            # characters or direction controls it was shown elsewhere.
+            reply_text = normalise(completion.text)
             reply = await self._append(
                 state.session,
                 NewTurn(
                     role="assistant",
-                    content=completion.text,
-                    token_count=await self._engine.count_tokens(completion.text),
+                    content=reply_text,
+                    token_count=await self._engine.count_tokens(reply_text),
                 ),
                 message.seq,
             )
