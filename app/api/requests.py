@@ -20,6 +20,7 @@ import json
 import math
 from typing import Any, TypeVar
 
+import anyio
 import msgspec
 from litestar import Request
 
@@ -30,6 +31,10 @@ from retrieval.text import normalise
 
 T = TypeVar("T")
 MAX_DEPTH = 64
+# Bodies from this size on (a history import, a knowledge document) are decoded and
+# normalised in a worker thread: the decoder's Python steps give up the GIL every few
+# milliseconds, so the event loop keeps answering other requests meanwhile.
+THREAD_BODY_BYTES = 64 * 1024
 
 NUL_RULE = "text must not contain NUL (U+0000)"
 HIDDEN_INSTRUCTION_RULE = (
@@ -208,7 +213,14 @@ async def strict_body(request: Request[Any, Any, Any], struct: type[T]) -> T:
     `text/plain` or a form to any site without asking, but not JSON."""
     if not is_json_media_type(request.headers.get("content-type", "")):
         raise BadBodyError(415, "send the body as JSON, with `Content-Type: application/json`")
-    return convert_strict(decode_json(await request.body()), struct)
+    raw = await request.body()
+    if len(raw) < THREAD_BODY_BYTES:
+        return _decode_strict(raw, struct)
+    return await anyio.to_thread.run_sync(_decode_strict, raw, struct)
+
+
+def _decode_strict(raw: bytes, struct: type[T]) -> T:
+    return convert_strict(decode_json(raw), struct)
 
 
 def convert_strict(value: Any, struct: type[T]) -> T:
