@@ -98,7 +98,7 @@ class E5Tokenizer:
             replacement=METASPACE, prepend_scheme="always", split=False
         )
         self._tokenizer = tokenizer
-        self._table = {code: text for code, text in vocabulary.character_map.items()}
+        self._table = dict(vocabulary.character_map)
         self._unk_id = vocabulary.unk_id
         # The engine segments an empty text as a lone `▁`.
         self._empty = [vocabulary.pieces.index(METASPACE)]
