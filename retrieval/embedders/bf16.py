@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,20 @@ def has_bf16_matrix_units(flags: frozenset[str] | None = None) -> bool:
 
 class Bf16Transformer:
     """`last_hidden_state(ids, mask, types)` of the transformer at `model_path`, in
-    bfloat16, returned as float32."""
+    bfloat16, returned as float32.
 
-    def __init__(self, model_path: Path, *, num_threads: int | None = None) -> None:
+    `build_model`, where given, builds the transformers model (float32) instead of
+    loading it from `model_path`: for a model whose weights come in another format."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        num_threads: int | None = None,
+        build_model: Callable[[], Any] | None = None,
+    ) -> None:
         self._model_path = model_path
+        self._build_model = build_model
         self._num_threads = num_threads
         self._model: Any = None
         self._takes_types = False
@@ -99,7 +110,10 @@ class Bf16Transformer:
 
             if self._num_threads:
                 torch.set_num_threads(self._num_threads)
-            model = AutoModel.from_pretrained(str(self._model_path), local_files_only=True)
+            if self._build_model is not None:
+                model = self._build_model()
+            else:
+                model = AutoModel.from_pretrained(str(self._model_path), local_files_only=True)
             model = model.to(torch.bfloat16).eval()
             self._takes_types = takes_token_types(model)
             self._model = model

