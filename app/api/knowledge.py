@@ -122,8 +122,11 @@ async def _json_upload(request: Request[Any, Any, Any], tenant_id: int) -> Uploa
     return Upload(tenant_id, data.user_id, data.title, data.text, dict(data.metadata), "text")
 
 
+_Title = Annotated[str, msgspec.Meta(min_length=1, max_length=schemas.MAX_TITLE_CHARS)]
+
+
 class _FormFields(msgspec.Struct, forbid_unknown_fields=True):
-    title: Annotated[str, msgspec.Meta(min_length=1, max_length=500)] | None = None
+    title: _Title | None = None
     user_id: schemas.UserId | None = None
     metadata: dict[str, Any] = {}
 

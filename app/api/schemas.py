@@ -20,7 +20,12 @@ from storage.records import DocumentFields, FactFields, StoredMessage
 _ID_CHAR = f"[^/\\x00-\\x1f\\x7f-\\x9f{INVISIBLE}]"
 _ID_EDGE = f"[^{WHITESPACE}/\\x00-\\x1f\\x7f-\\x9f{INVISIBLE}]"
 USER_ID_PATTERN = f"^{_ID_EDGE}(?:{_ID_CHAR}*{_ID_EDGE})?$(?!\\n)"
-UserId = Annotated[str, Meta(min_length=1, max_length=255, pattern=USER_ID_PATTERN)]
+# Lengths of client strings, in characters (`memchat import` holds records to them too).
+MAX_ID_CHARS = 255
+MAX_NAME_CHARS = 255
+MAX_TITLE_CHARS = 500
+MAX_CAPTION_CHARS = 2000
+UserId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS, pattern=USER_ID_PATTERN)]
 Role = Literal["user", "assistant", "system"]
 Kind = Literal["turn", "fact", "knowledge"]
 FactCategory = Literal["identity", "constraint", "preference", "relationship", "plan", "other"]
@@ -29,7 +34,7 @@ FactText = Annotated[str, Meta(min_length=1, max_length=2000)]
 
 class SessionCreate(Struct, forbid_unknown_fields=True):
     user_id: UserId
-    title: Annotated[str, Meta(max_length=500)] | None = None
+    title: Annotated[str, Meta(max_length=MAX_TITLE_CHARS)] | None = None
     metadata: dict[str, Any] = {}
 
 
@@ -135,11 +140,11 @@ class Turn(Struct):
 class HistoryMessage(Struct, forbid_unknown_fields=True):
     role: Role
     content: str
-    name: Annotated[str, Meta(max_length=255)] | None = None
+    name: Annotated[str, Meta(max_length=MAX_NAME_CHARS)] | None = None
     created_at: dt.datetime | None = None
-    external_id: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    external_id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)] | None = None
     # What an image shared with the turn shows: indexed for search, not shown in results.
-    image_caption: Annotated[str, Meta(max_length=2000)] | None = None
+    image_caption: Annotated[str, Meta(max_length=MAX_CAPTION_CHARS)] | None = None
 
 
 class HistoryImport(Struct, forbid_unknown_fields=True):

@@ -24,7 +24,13 @@ from typing import Any
 import msgspec
 
 from app.api.errors import ID_RULE
-from app.api.schemas import USER_ID_PATTERN
+from app.api.schemas import (
+    MAX_CAPTION_CHARS,
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
+    MAX_TITLE_CHARS,
+    USER_ID_PATTERN,
+)
 from app.cli.backup.lines import (
     BackupFormatError,
     ChunkRecord,
@@ -47,11 +53,6 @@ from storage.sessions import is_uuid
 
 # PostgreSQL's `integer`, the type of every column that holds a place or a count.
 MAX_INTEGER = 2**31 - 1
-# The API's lengths (app/api/schemas.py, app/api/knowledge.py).
-MAX_ID_CHARS = 255
-MAX_NAME_CHARS = 255
-MAX_TITLE_CHARS = 500
-MAX_CAPTION_CHARS = 2000
 # A turn's context note is one block (earlier versions wrote a few parts); it shows at
 # most `chat.retrieval_k` past turns (200 at most) and the facts pinned since the last
 # summary. These bounds are far above what a turn writes and far below what would make
