@@ -122,7 +122,17 @@ ENGINES: dict[str, Callable[[EngineSettings], Awaitable[Engine]]] = {
 async def load_embedder(settings: Settings) -> Embedder:
     """The embedder, its model loaded in a worker thread."""
     build = EMBEDDERS[settings.embedder.kind]
-    return await anyio.to_thread.run_sync(build, settings.embedder, settings.data_dir / "models")
+    return await anyio.to_thread.run_sync(build, settings.embedder, settings.resolved_models_dir)
+
+
+async def load_second_embedder(settings: Settings) -> Embedder | None:
+    """The second dense list's embedder (None where the settings have none), its model
+    loaded (converted at first start) in a worker thread."""
+    config = settings.second_embedder
+    if config.kind == "none":
+        return None
+    build = EMBEDDERS[config.kind]
+    return await anyio.to_thread.run_sync(build, config, settings.resolved_models_dir)
 
 
 async def load_engine(settings: Settings) -> Engine:
@@ -140,10 +150,11 @@ def build_chroma_index(settings: Settings, dimension: int, namespace: str) -> Ve
     return ChromaIndex(connect, dimension, namespace=namespace, prefix=settings.chroma_prefix)
 
 
-def build_index(settings: Settings, embedder: Embedder) -> VectorIndex:
-    """The index of past turns' vectors."""
+def build_index(settings: Settings, embedder: Embedder, *, second: bool = False) -> VectorIndex:
+    """The index of past turns' vectors (`second`: of the second dense list's)."""
     if settings.index.kind == "chroma":
-        return build_chroma_index(settings, embedder.dimension, "turns")
+        return build_chroma_index(settings, embedder.dimension, "turns2" if second else "turns")
+    name = f"{settings.index.kind}-2" if second else settings.index.kind
     return INDEXES[settings.index.kind](
-        settings.index_dir / settings.index.kind, embedder.dimension, settings.index
+        settings.index_dir / name, embedder.dimension, settings.index
     )

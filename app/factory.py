@@ -41,7 +41,7 @@ from app.api.completions import ChatCompletionController
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.facts import FactController
 from app.api.guard import RequestGuard
-from app.api.health import healthz, readyz
+from app.api.health import describe_backfill, healthz, readyz
 from app.api.knowledge import KnowledgeController
 from app.api.memory import MemoryController
 from app.api.metrics import metrics
@@ -60,12 +60,23 @@ TEMPLATES_DIR = Path(__file__).parent / "templates"
 
 
 def create_app(
-    settings: Settings, *, embedder: Embedder | None = None, engine: Engine | None = None
+    settings: Settings,
+    *,
+    embedder: Embedder | None = None,
+    second_embedder: Embedder | None = None,
+    engine: Engine | None = None,
 ) -> Litestar:
+    """`embedder` (and `second_embedder`), where given, replace the settings' embedders:
+    see `build_runtime`."""
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         runtime = await build_runtime(
-            settings, embedder=embedder, engine=engine, on_turn=service_metrics.observe_turn
+            settings,
+            embedder=embedder,
+            second_embedder=second_embedder,
+            engine=engine,
+            on_turn=service_metrics.observe_turn,
         )
         try:
             local_mode = await check_local_mode(
@@ -94,6 +105,14 @@ def create_app(
             index_dir=settings.index_dir,
             embedder=runtime.embedder.model_name,
             engine=runtime.engine.model_name,
+            second_embedder=(
+                runtime.second_embedder.model_name if runtime.second_embedder else None
+            ),
+            second_index=(
+                describe_backfill(runtime.second_backfill.progress)
+                if runtime.second_backfill
+                else None
+            ),
         )
 
     def part(path: str) -> Provide:

@@ -14,7 +14,13 @@ from pathlib import Path
 import anyio
 import structlog
 
-from app.adapters import build_chroma_index, build_index, load_embedder, load_engine
+from app.adapters import (
+    build_chroma_index,
+    build_index,
+    load_embedder,
+    load_engine,
+    load_second_embedder,
+)
 from app.settings import ChatSettings, KnowledgeSettings, RetrievalSettings, Settings
 from retrieval.chat.config import ChatConfig
 from retrieval.chat.context import ContextBuilder
@@ -35,10 +41,11 @@ from retrieval.maintenance import MemoryOperations
 from retrieval.prompt.layout import ContextAssembler
 from retrieval.prompt.reuse import PrefixTracker
 from retrieval.protocols import Embedder, Engine, StructuredEngine
+from retrieval.search.backfill import SecondListBackfill
 from retrieval.search.expansion import NeighbourConfig
 from retrieval.search.indexed_text import TextRecipe
 from retrieval.search.lexical import Feedback, load_segmenter
-from retrieval.search.memory import RetrievalConfig, TurnMemory
+from retrieval.search.memory import RetrievalConfig, SecondDense, TurnMemory
 from retrieval.window.keeper import WindowConfig, WindowKeeper
 from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer, Summarizer
 from storage import migrate
@@ -73,6 +80,8 @@ class Runtime:
     data_dir: Path
     min_free_disk_bytes: int
     owns_engine: bool = field(default=True)
+    second_embedder: Embedder | None = None
+    second_backfill: SecondListBackfill | None = None
 
     @property
     def db(self) -> Database:
@@ -96,6 +105,9 @@ def retrieval_config(settings: RetrievalSettings, reads_cjk: bool = False) -> Re
         rrf_c=settings.rrf_c,
         dense_weight=settings.dense_weight,
         dense_weight_cjk=cjk_weight,
+        second_text=TextRecipe(**settings.second_text.model_dump()),
+        second_weight=settings.second_weight,
+        second_weight_cjk=settings.second_weight_cjk,
         lexical_weight=settings.lexical_weight,
         duplicate_threshold=settings.duplicate_threshold,
         feedback=Feedback(
@@ -155,7 +167,15 @@ def chat_config(settings: Settings) -> ChatConfig:
 # Parts -----------------------------------------------------------------------------
 
 
-def build_memory(settings: Settings, repositories: Repositories, embedder: Embedder) -> TurnMemory:
+def build_memory(
+    settings: Settings,
+    repositories: Repositories,
+    embedder: Embedder,
+    second_embedder: Embedder | None = None,
+) -> TurnMemory:
+    second = None
+    if second_embedder is not None:
+        second = SecondDense(second_embedder, build_index(settings, second_embedder, second=True))
     return TurnMemory(
         repositories.messages,
         repositories.embeddings,
@@ -163,6 +183,7 @@ def build_memory(settings: Settings, repositories: Repositories, embedder: Embed
         build_index(settings, embedder),
         retrieval_config(settings.retrieval, settings.embedder.reads_cjk),
         snapshot_dir=settings.index_dir / "bm25",
+        second=second,
     )
 
 
@@ -212,18 +233,32 @@ async def build_runtime(
     settings: Settings,
     *,
     embedder: Embedder | None = None,
+    second_embedder: Embedder | None = None,
     engine: Engine | None = None,
     on_turn: Callable[[TurnResult], None] | None = None,
 ) -> Runtime:
+    """`embedder`, where given, replaces the embedders of the settings: the turns' second
+    dense list is then `second_embedder`'s (None: no second list)."""
     db = Database.open(settings.resolved_database_url(), timeout_s=settings.database_timeout_s)
     await check_schema(db)
     repositories = Repositories.of(db)
     owns_engine = engine is None
-    embedder = embedder or await load_embedder(settings)
+    if embedder is None:
+        embedder = await load_embedder(settings)
+        second_embedder = await load_second_embedder(settings)
     engine = engine or await load_engine(settings)
-    memory = build_memory(settings, repositories, embedder)
+    memory = build_memory(settings, repositories, embedder, second_embedder)
     await memory.check_model()
     await memory.repair_unembedded()
+    backfill = None
+    if second_embedder is not None:
+        backfill = SecondListBackfill(
+            memory,
+            JobClaimRepository.open_or_none(
+                settings.resolved_database_url(), timeout_s=settings.database_timeout_s
+            ),
+        )
+        await backfill.start()
     await anyio.to_thread.run_sync(load_segmenter)
     knowledge = build_knowledge(settings, repositories, embedder)
     await knowledge.start()
@@ -325,10 +360,14 @@ async def build_runtime(
         data_dir=settings.data_dir,
         min_free_disk_bytes=settings.min_free_disk_bytes,
         owns_engine=owns_engine,
+        second_embedder=second_embedder,
+        second_backfill=backfill,
     )
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    if runtime.second_backfill is not None:
+        await runtime.second_backfill.stop()
     if runtime.fact_worker is not None:
         await runtime.fact_worker.stop()
     await runtime.knowledge.close()

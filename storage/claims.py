@@ -1,6 +1,7 @@
 """Claims of background jobs across every API process on one PostgreSQL database.
 
-A job (a user's pending fact extraction, a knowledge document's processing) is claimed
+A job (a user's pending fact extraction, a knowledge document's processing, a user's
+turns given the second dense list's vectors) is claimed
 with a PostgreSQL advisory lock in the two-int key space, `(class id, key)`: the class id
 names the kind of job, so these locks never meet each other or the single-bigint locks
 of chat sessions (storage/locks.py). Claims are only ever tried, never waited for: a
@@ -34,6 +35,7 @@ from storage.errors import DatabaseUnavailableError
 # Class ids of the two-int advisory lock key space (int4; "mc" and a job kind).
 FACT_EXTRACTION = 0x6D63_0001
 KNOWLEDGE_PROCESSING = 0x6D63_0002
+SECOND_VECTORS = 0x6D63_0003
 
 _TRY_XACT_LOCK = text("SELECT pg_try_advisory_xact_lock(CAST(:class_id AS int), CAST(:key AS int))")
 _TRY_LOCK = text("SELECT pg_try_advisory_lock(CAST(:class_id AS int), CAST(:key AS int))")

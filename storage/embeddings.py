@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -22,6 +22,15 @@ class StoredVector:
     message_id: int
     user_pk: int
     vector: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class VectorSet:
+    """Vectors of one model (its name as stored, with the text recipe) for some messages."""
+
+    model: str
+    dimension: int
+    vectors: Sequence[StoredVector]
 
 
 async def bump_memory_versions(session: AsyncSession, user_pks: Collection[int]) -> dict[int, int]:
@@ -46,7 +55,9 @@ def _insert_missing(session: AsyncSession) -> Any:
     messages it finds without a vector while another is about to store theirs), and both
     made it from the same text with the same model."""
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(MessageEmbedding).on_conflict_do_nothing(index_elements=["message_id"])
+    return dialect.insert(MessageEmbedding).on_conflict_do_nothing(
+        index_elements=["message_id", "model"]
+    )
 
 
 class EmbeddingRepository:
@@ -54,37 +65,42 @@ class EmbeddingRepository:
         self._db = db
 
     async def save_embeddings(
-        self, model: str, dimension: int, vectors: Sequence[StoredVector], *, replace: bool = True
+        self, sets: Sequence[VectorSet], *, replace: bool = True
     ) -> dict[int, int]:
-        """Store the vectors of messages in one transaction; `replace=False` for messages
-        just stored or found without one (a vector another process stored for one of them
-        meanwhile is kept), else earlier vectors of them are replaced.
-        Returns each user's new change count (`bump_memory_versions`)."""
-        if not vectors:
+        """Store the vectors of messages, of one model or several, in one transaction;
+        `replace=False` for messages just stored or found without one (a vector another
+        process stored for one of them meanwhile is kept), else earlier vectors of them by
+        the same model are replaced. Returns each user's new change count
+        (`bump_memory_versions`)."""
+        sets = [item for item in sets if item.vectors]
+        if not sets:
             return {}
-        ids = [item.message_id for item in vectors]
         async with self._db.transaction() as session:
-            if replace:
-                for start in range(0, len(ids), BATCH):
-                    await session.execute(
-                        delete(MessageEmbedding).where(
-                            MessageEmbedding.message_id.in_(ids[start : start + BATCH])
+            for item in sets:
+                ids = [vector.message_id for vector in item.vectors]
+                if replace:
+                    for start in range(0, len(ids), BATCH):
+                        await session.execute(
+                            delete(MessageEmbedding).where(
+                                MessageEmbedding.model == item.model,
+                                MessageEmbedding.message_id.in_(ids[start : start + BATCH]),
+                            )
                         )
-                    )
-            await session.execute(
-                _insert_missing(session),
-                [
-                    {
-                        "message_id": item.message_id,
-                        "user_pk": item.user_pk,
-                        "model": model,
-                        "dimension": dimension,
-                        "vector": item.vector,
-                    }
-                    for item in vectors
-                ],
-            )
-            return await bump_memory_versions(session, [item.user_pk for item in vectors])
+                await session.execute(
+                    _insert_missing(session),
+                    [
+                        {
+                            "message_id": vector.message_id,
+                            "user_pk": vector.user_pk,
+                            "model": item.model,
+                            "dimension": item.dimension,
+                            "vector": vector.vector,
+                        }
+                        for vector in item.vectors
+                    ],
+                )
+            user_pks = [vector.user_pk for item in sets for vector in item.vectors]
+            return await bump_memory_versions(session, user_pks)
 
     async def get_memory_version(self, user_pk: int) -> int:
         """The user's change count (0 for a user that does not exist)."""
@@ -99,19 +115,30 @@ class EmbeddingRepository:
             )
             return [(model, int(dim)) for model, dim in rows.all()]
 
-    async def list_user_vector_ids(self, user_pk: int) -> set[int]:
+    async def count_vectors(self) -> dict[str, int]:
+        """How many messages hold a vector of each model."""
+        async with self._db.transaction() as session:
+            rows = await session.execute(
+                select(MessageEmbedding.model, func.count()).group_by(MessageEmbedding.model)
+            )
+            return {model: int(count) for model, count in rows.all()}
+
+    async def list_user_vector_ids(self, user_pk: int, model: str) -> set[int]:
+        """Ids of the user's messages that hold a vector of `model`."""
         async with self._db.transaction() as session:
             rows = await session.scalars(
-                select(MessageEmbedding.message_id).where(MessageEmbedding.user_pk == user_pk)
+                select(MessageEmbedding.message_id).where(
+                    MessageEmbedding.user_pk == user_pk, MessageEmbedding.model == model
+                )
             )
             return {int(i) for i in rows.all()}
 
     async def list_user_vectors(
-        self, user_pk: int, ids: Collection[int] | None = None
+        self, user_pk: int, model: str, ids: Collection[int] | None = None
     ) -> list[StoredVector]:
-        """Vectors of a user, by message id; all of them when `ids` is None."""
+        """Vectors of `model` of a user, by message id; all of them when `ids` is None."""
         query = select(MessageEmbedding.message_id, MessageEmbedding.vector).where(
-            MessageEmbedding.user_pk == user_pk
+            MessageEmbedding.user_pk == user_pk, MessageEmbedding.model == model
         )
         chunks: list[list[int] | None] = [None]
         if ids is not None:

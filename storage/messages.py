@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from storage.db import Database
 from storage.models import Message, MessageEmbedding
@@ -152,17 +153,61 @@ class MessageRepository:
             )
             return records_of(Turn, rows.all())
 
-    async def list_unembedded_messages(self, limit: int) -> list[Turn]:
-        """Messages stored without a vector (a crash between the two writes)."""
+    async def list_unembedded_messages(self, limit: int, model: str) -> list[Turn]:
+        """Messages stored without a vector of `model` (a crash between the two writes)."""
         async with self._db.transaction() as session:
             rows = await session.execute(
                 select_turns()
-                .outerjoin(MessageEmbedding, MessageEmbedding.message_id == Message.id)
+                .outerjoin(
+                    MessageEmbedding,
+                    (MessageEmbedding.message_id == Message.id) & (MessageEmbedding.model == model),
+                )
                 .where(MessageEmbedding.message_id.is_(None))
                 .order_by(Message.id)
                 .limit(limit)
             )
             return records_of(Turn, rows.all())
+
+    async def list_lacking_second_vector(
+        self, first: str, second: str, limit: int, *, user_pk: int | None = None
+    ) -> list[Turn]:
+        """Messages that hold a vector of model `first` and none of model `second`, in id
+        order (of one user when given): what a store indexed before `second` was added
+        still needs. A message just stored gets both in one transaction, so it is never
+        among them."""
+        has_first = (
+            select(MessageEmbedding.message_id)
+            .where(MessageEmbedding.message_id == Message.id, MessageEmbedding.model == first)
+            .exists()
+        )
+        has_second = (
+            select(MessageEmbedding.message_id)
+            .where(MessageEmbedding.message_id == Message.id, MessageEmbedding.model == second)
+            .exists()
+        )
+        query = select_turns().where(has_first, ~has_second)
+        if user_pk is not None:
+            query = query.where(Message.user_pk == user_pk)
+        async with self._db.transaction() as session:
+            rows = await session.execute(query.order_by(Message.id).limit(limit))
+            return records_of(Turn, rows.all())
+
+    async def list_users_lacking_second_vector(self, first: str, second: str) -> list[int]:
+        """The users with messages that `list_lacking_second_vector` would find."""
+        held = aliased(MessageEmbedding)
+        second_held = (
+            select(held.message_id)
+            .where(held.message_id == MessageEmbedding.message_id, held.model == second)
+            .exists()
+        )
+        async with self._db.transaction() as session:
+            rows = await session.scalars(
+                select(MessageEmbedding.user_pk)
+                .where(MessageEmbedding.model == first, ~second_held)
+                .distinct()
+                .order_by(MessageEmbedding.user_pk)
+            )
+            return [int(user_pk) for user_pk in rows.all()]
 
     async def list_messages_after_id(
         self, after_id: int, limit: int, *, user_pk: int | None = None

@@ -220,7 +220,8 @@ class Message(Base):
 
 
 class MessageEmbedding(Base):
-    """The vector of a message, with the model that made it: vector indexes rebuild from here."""
+    """A vector of a message, with the model that made it (one per model: MiniLM's and the
+    multilingual model's): vector indexes rebuild from here."""
 
     __tablename__ = "message_embeddings"
 
@@ -230,7 +231,7 @@ class MessageEmbedding(Base):
     user_pk: Mapped[int] = mapped_column(
         BigId, ForeignKey("users.id", ondelete="CASCADE"), index=True
     )
-    model: Mapped[str] = mapped_column(String(255))
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
     dimension: Mapped[int] = mapped_column(Integer)
     vector: Mapped[bytes] = mapped_column(LargeBinary)
 

@@ -11,12 +11,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.factory import create_app
-from app.settings import EmbedderSettings, Settings
+from app.settings import EmbedderSettings, SecondEmbedderSettings, Settings
 from retrieval.protocols import Embedder, Engine
 from storage import migrate
 from storage.db import create_engine
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
+from tests.live import MODELS_DIR
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "MEMCHAT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -92,8 +93,9 @@ async def client(
 
 
 @pytest.fixture(scope="session")
-def onnx_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("models")
+def onnx_cache_dir() -> Path:
+    """Converted models, shared with the servers tests start (tests/live.py)."""
+    return MODELS_DIR
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +104,16 @@ def real_embedder(onnx_cache_dir: Path) -> Embedder:
     from app.adapters import EMBEDDERS
 
     config = EmbedderSettings()
+    return EMBEDDERS[config.kind](config, onnx_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def real_second_embedder(onnx_cache_dir: Path) -> Embedder:
+    """The second dense list's embedder as the service builds it from its defaults."""
+    from app.adapters import EMBEDDERS
+
+    config = SecondEmbedderSettings()
+    assert config.kind != "none"
     return EMBEDDERS[config.kind](config, onnx_cache_dir)
 
 

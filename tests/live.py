@@ -48,10 +48,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Converted models (the embedders' ONNX exports) shared by every server a test starts,
+# and kept between runs: converting multilingual-e5-small takes a minute.
+MODELS_DIR = Path(
+    os.environ.get("MEMCHAT_TEST_MODELS_DIR", Path.home() / ".cache" / "memchat" / "models")
+)
+
+
 def cli_env(data_dir: Path, port: int = 8000) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCHAT_")}
     env |= {
         "MEMCHAT_DATA_DIR": str(data_dir),
+        "MEMCHAT_MODELS_DIR": str(MODELS_DIR),
         "MEMCHAT_PORT": str(port),
         "MEMCHAT_ENGINE__CONTEXT_WINDOW": "2048",
         "HF_HUB_OFFLINE": "1",

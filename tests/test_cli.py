@@ -98,6 +98,7 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
     )
     assert result.stdout.strip() == (
         "re-embedded and indexed 6 messages and 0 knowledge chunks with all-MiniLM-L6-v2"
+        " and multilingual-e5-small-q4-fp32"
     )
 
     # Vectors another turn text (or embedder) made: `serve` stops with a plain message.
@@ -108,10 +109,11 @@ def test_serve_answers_with_the_real_model_and_keeps_everything_across_restart(
     assert refused.returncode == 2
     assert refused.stderr.splitlines()[-1] == (
         "memchat serve: stored vectors were made by 'all-MiniLM-L6-v2#speaker+window8' "
-        "(dimension 384) but the configured embedder and turn text give "
-        "'all-MiniLM-L6-v2#speaker+window4' (dimension 384); run `memchat reindex` to "
-        "re-embed every stored turn, or configure the embedder that made them "
-        "(MEMCHAT_EMBEDDER__*)"
+        "(dimension 384) but the configured embedders and turn texts give "
+        "'all-MiniLM-L6-v2#speaker+window4' (dimension 384) and "
+        "'multilingual-e5-small-q4-fp32' (dimension 384); run `memchat reindex` to "
+        "re-embed every stored turn, or configure the embedders that made them "
+        "(MEMCHAT_EMBEDDER__*, MEMCHAT_SECOND_EMBEDDER__*)"
     )
 
 

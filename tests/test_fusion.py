@@ -64,6 +64,19 @@ def test_standardised_fusion_sums_z_scores_over_each_lists_own_hits() -> None:
     assert [h.id for h in tilted] == [1, 3, 2, 4]
 
 
+def test_a_weight_given_per_candidate_weighs_each_candidates_score() -> None:
+    """The dense side counting nothing for turn 1 (a memory its model cannot read):
+    turn 1 keeps only its lexical z-score."""
+    per_turn = {1: 0.0, 2: 2.0, 3: 2.0, 4: 2.0}
+    fused = standardised_fusion([DENSE, LEXICAL], [DENSE_EXACT, LEXICAL_EXACT], [per_turn, 1.0])
+    dense_own, lexical_own = [0.9, 0.5, 0.4], [10.0, 2.0, 1.0]
+    scores = {h.id: h.score for h in fused}
+    assert scores[1] == pytest.approx(z(0.0, lexical_own))
+    assert scores[3] == pytest.approx(2.0 * z(0.4, dense_own) + z(10.0, lexical_own))
+    # Weighed 2.0 everywhere, turn 1 leads (test above); its dense score left out, not.
+    assert [h.id for h in fused] == [3, 1, 2, 4]
+
+
 def test_standardised_fusion_without_spread_or_exact_scores() -> None:
     flat = [ScoredId(5, 1.0), ScoredId(6, 1.0)]
     # A list whose hits all score the same adds nothing; ties go to the better best rank

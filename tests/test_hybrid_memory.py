@@ -199,7 +199,9 @@ async def test_a_windowed_turn_vector_is_the_mean_of_its_windows(
     memory = memory_for(repos, tmp_path / "w", replace(BARE, mode="dense", dense_text=recipe))
     [turn_id] = await add_turns(repos, memory, [("Mel", "we adopted a puppy named Rex")])
     assert memory.vector_model == "hash-64#speaker+window4"
-    [stored] = await repos.embeddings.list_user_vectors(await user_pk_of(repos), {turn_id})
+    [stored] = await repos.embeddings.list_user_vectors(
+        await user_pk_of(repos), memory.vector_model, {turn_id}
+    )
     windows = HashEmbedder().embed_now(["Mel: we adopted a puppy", "Mel: named Rex"])
     mean = windows.mean(axis=0)
     vector = np.frombuffer(stored.vector, dtype=np.float32)

@@ -227,6 +227,13 @@ def test_a_snapshot_restores_the_same_scores_and_takes_later_changes() -> None:
     assert not LexicalIndex().restore(1, b"not a snapshot")
 
 
+def test_a_document_is_mostly_cjk_when_half_its_letters_are() -> None:
+    index = LexicalIndex()
+    texts = ["我对猕猴桃过敏。", "I am allergic to peanuts. 我对花生过敏。", "I like tea."]
+    index.add(1, [1, 2, 3], texts)
+    assert [index.is_mostly_cjk(1, doc) for doc in (1, 2, 3, 4)] == [True, False, False, False]
+
+
 def test_a_text_is_mostly_cjk_when_half_its_letters_are() -> None:
     assert is_mostly_cjk("我有什么过敏的食物吗？")
     assert is_mostly_cjk("我昨天去了一趟Costco")  # 7 of 13 letters

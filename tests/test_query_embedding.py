@@ -128,7 +128,8 @@ async def test_an_embedder_without_query_vectors_embeds_a_turn_in_one_call(
     np.testing.assert_array_equal(query_vector, (await memory.embed_queries(["green boat"]))[0])
     np.testing.assert_array_equal(query_vector, embedder.embed_now(["green boat"])[0])
     own = embedder.embed_now(["user: green boat on the lake"])[0]
-    np.testing.assert_allclose(own_vector, own, atol=1e-6)
+    np.testing.assert_allclose(own_vector.first, own, atol=1e-6)
+    assert own_vector.second is None  # no second list
 
 
 async def test_a_querys_new_words_are_embedded_with_it_and_its_search_embeds_nothing(

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import POSTGRES_ADMIN_URL
+from tests.live import MODELS_DIR
 from tests.vllm_servers import prepare
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.model]
@@ -32,6 +33,7 @@ def test_stack_local_smoke_test_passes() -> None:
         pytest.fail(message)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCHAT_")}
     env["MEMCHAT_STACK_POSTGRES_URL"] = POSTGRES_ADMIN_URL
+    env["MEMCHAT_MODELS_DIR"] = str(MODELS_DIR)
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "stack_local.py")],
         cwd=ROOT,

@@ -123,7 +123,7 @@ async def test_unembedded_messages_are_repaired(repos: Repositories, tmp_path: P
     assert await memory.repair_unembedded() == 1
     assert await memory.repair_unembedded() == 0
     assert await top_ids(memory, user.id, "green boat", k=1) == [result.turns[0].id]
-    vectors = await repos.embeddings.list_user_vectors(user.id)
+    vectors = await repos.embeddings.list_user_vectors(user.id, memory.vector_model)
     assert len(vectors) == 1
     assert np.frombuffer(vectors[0].vector, dtype=np.float32).shape == (64,)
 
@@ -185,12 +185,12 @@ async def test_a_vector_another_process_stored_meanwhile_is_kept(
         result = await repos.messages.append(
             chat, [NewTurn(role="user", content=TEXTS[0], token_count=5)]
         )
-        found = await repos.messages.list_unembedded_messages(10)
+        found = await repos.messages.list_unembedded_messages(10, serving.vector_model)
         assert [t.id for t in found] == [result.turns[0].id]
         first, second = np.eye(64, dtype=np.float32)[:2]
         await serving.index(result.turns, vectors=[first], fresh=True)
         await starting.index(found, vectors=[second], fresh=True)  # no ConflictError
-        [stored] = await repos.embeddings.list_user_vectors(user.id)
+        [stored] = await repos.embeddings.list_user_vectors(user.id, serving.vector_model)
         assert np.array_equal(np.frombuffer(stored.vector, dtype=np.float32), first)
         assert await starting.repair_unembedded() == 0
     finally:

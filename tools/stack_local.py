@@ -272,7 +272,11 @@ def start_engines(
 
 
 def app_env(database_url: str, chroma: str, engines: list[str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCHAT_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MEMCHAT_") or k == "MEMCHAT_MODELS_DIR"
+    }
     return env | {
         "MEMCHAT_DATABASE_URL": database_url,
         "MEMCHAT_ENGINE__KIND": "vllm",
@@ -285,13 +289,13 @@ def app_env(database_url: str, chroma: str, engines: list[str]) -> dict[str, str
 
 
 def start_apps(stack: ExitStack, env: dict[str, str], root: Path) -> dict[str, str]:
-    """Each app process on its own port and data dir. The first exports the embedder to
-    ONNX; the second starts after it, with a copy of that export (saves one export)."""
+    """Each app process on its own port and data dir, sharing one directory of converted
+    models (MEMCHAT_MODELS_DIR where set, else one of the stack's): the first converts
+    the embedders (ONNX exports), the second starts after it and finds them."""
     apps = {}
+    env = env | {"MEMCHAT_MODELS_DIR": env.get("MEMCHAT_MODELS_DIR") or str(root / "models")}
     for name in APPS:
         data_dir = root / name
-        if apps:
-            shutil.copytree(root / APPS[0] / "models", data_dir / "models")
         port = free_port()
         app_proc = stack.enter_context(
             process(

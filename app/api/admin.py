@@ -57,6 +57,9 @@ class Deployment:
     index_dir: Path
     embedder: str
     engine: str
+    second_embedder: str | None = None
+    # The second dense list's state (`app.api.health.describe_backfill`).
+    second_index: str | None = None
 
 
 def directory_bytes(directory: Path) -> int | None:
@@ -293,6 +296,8 @@ class AdminController(Controller):
             index_bytes=directory_bytes(deployment.index_dir),
             embedder=deployment.embedder,
             engine=deployment.engine,
+            second_embedder=deployment.second_embedder,
+            second_index=deployment.second_index,
         )
 
     @get("/audit", responses=problems(401, 403, 422, 503))

@@ -37,6 +37,7 @@ from markupsafe import Markup
 
 from app.access.keys import ADMIN_SESSION_COOKIE, AccessGate, Principal, admin_only
 from app.admin.actions import correct_fact, erase, remove_fact, session_of_user
+from app.api.admin import Deployment
 from app.api.guard import CSP_NONCE
 from app.api.requests import incoming_text
 from retrieval.chat.search import MemorySearch
@@ -212,6 +213,7 @@ class AdminPageController(Controller):
         request: Request[Any, Any, Any],
         admin: NamedDependency[AdminRepository],
         db: NamedDependency[Database],
+        deployment: NamedDependency[Deployment],
         principal: NamedDependency[Principal],
         tenant: Annotated[str | None, QueryParameter(max_length=64)] = None,
     ) -> Template:
@@ -228,6 +230,7 @@ class AdminPageController(Controller):
                 "users": users,
                 "rows": await admin.count_rows(),
                 "database_bytes": await db.size_bytes(),
+                "deployment": deployment,
             },
         )
 

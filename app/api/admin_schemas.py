@@ -93,6 +93,13 @@ class Statistics(Struct):
     index_bytes: Annotated[int | None, Meta(description="FAISS files on disk")]
     embedder: str
     engine: str
+    second_embedder: Annotated[
+        str | None, Meta(description="the second dense list's model (multilingual)")
+    ] = None
+    second_index: Annotated[
+        str | None,
+        Meta(description="whether every turn holds the second list's vector, else how many do"),
+    ] = None
 
 
 class AuditLog(Struct):

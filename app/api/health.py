@@ -15,6 +15,7 @@ from app.access.rate_limits import RateLimiterUnavailableError, RedisRateLimits
 from app.api import schemas
 from retrieval.errors import IndexUnavailableError
 from retrieval.protocols import MonitoredEngine
+from retrieval.search.backfill import BackfillProgress
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -70,6 +71,18 @@ async def _rate_limiter(limits: RedisRateLimits) -> str:
     return "ok (redis)"
 
 
+def describe_backfill(progress: BackfillProgress) -> str:
+    """The second dense list's state: complete, or how far its background completion is
+    (searches meanwhile use the first list and BM25 for users not yet complete)."""
+    if progress.is_complete:
+        return f"complete ({progress.done} turns)"
+    share = progress.as_dict()["share"]
+    return (
+        f"{'indexing' if progress.running else 'waiting to index'} {progress.done} of "
+        f"{progress.total} turns ({float(share):.0%})"  # type: ignore[arg-type]
+    )
+
+
 async def dependency_checks(runtime: Runtime) -> dict[str, str]:
     """Each dependency's state: "ok", a model name (loaded), or "error: ..."."""
     checks = {
@@ -79,6 +92,10 @@ async def dependency_checks(runtime: Runtime) -> dict[str, str]:
         "engine": runtime.engine.model_name,
         "index": await _index(runtime.memory.ping_index),
     }
+    if runtime.second_embedder is not None:
+        checks["second_embedder"] = runtime.second_embedder.model_name
+    if runtime.second_backfill is not None:
+        checks["second_index"] = describe_backfill(runtime.second_backfill.progress)
     if runtime.knowledge is not None:
         checks["knowledge_index"] = await _index(runtime.knowledge.ping_index)
     if isinstance(runtime.engine, MonitoredEngine):
@@ -97,7 +114,9 @@ async def readyz(state: State) -> Response[schemas.Health]:
     `disk` (free space for the data dir), `index` (the turn index), `knowledge_index`,
     `engine_health` for an engine behind a network hop, and `rate_limiter` for
     rate limits kept in Redis (MEMCHAT_ACCESS__REDIS_URL);
-    `embedder` and `engine` name the loaded models."""
+    `embedder`, `second_embedder` and `engine` name the loaded models; `second_index`
+    says whether every turn holds the second dense list's vector, else how many do
+    while the rest are embedded in the background (searches are served meanwhile)."""
     runtime = state.get("runtime")
     if runtime is None:
         return Response(schemas.Health("starting", {"runtime": "not started"}), status_code=503)

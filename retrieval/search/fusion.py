@@ -47,7 +47,7 @@ def best_ranks(rankings: Sequence[Sequence[ScoredId]]) -> dict[int, int]:
 def standardised_fusion(
     rankings: Sequence[Sequence[ScoredId]],
     scores: Sequence[Mapping[int, float]],
-    weights: Sequence[float],
+    weights: Sequence[float | Mapping[int, float]],
 ) -> list[ScoredId]:
     """Fused ranking of the candidates (every id of `rankings`), best first.
 
@@ -57,7 +57,8 @@ def standardised_fusion(
     same (a single hit: one turn holds the query's words), its exact scores of all the
     candidates give them; where those do too, it adds nothing. Ties go to the better
     best rank in any list (so a side weighted 0 still orders what nothing else tells
-    apart), then to the lower id.
+    apart), then to the lower id. A weight may be given per candidate (a mapping: the
+    language of each memory can make a retriever's score of it worth less).
     """
     candidates = sorted({hit.id for ranking in rankings for hit in ranking})
     fused = np.zeros(len(candidates))
@@ -69,7 +70,10 @@ def standardised_fusion(
         values = np.array([exact.get(i, floor) for i in candidates])
         spread = own if np.ptp(own) else values
         if np.ptp(spread):
-            fused += weight * (values - spread.mean()) / spread.std()
+            factor = (
+                np.array([weight[i] for i in candidates]) if isinstance(weight, Mapping) else weight
+            )
+            fused += factor * (values - spread.mean()) / spread.std()
     best_rank = best_ranks(rankings)
     ranks = np.array([best_rank[i] for i in candidates])
     order = np.lexsort((np.array(candidates), ranks, -fused))

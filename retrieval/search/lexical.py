@@ -76,18 +76,25 @@ def _stem(word: str) -> str:
     return _stemmer.stemWord(word)
 
 
+# The terms of CJK text: single characters, overlapping pairs, jieba's longer words.
+# Fixed; a benchmark may compare others (bench/madial.py --cjk-terms).
+CJK_TERMS = frozenset({"chars", "pairs", "words"})
+
+
 def tokenize(text: str) -> list[str]:
     """Index terms of a text, in order (see the module docstring)."""
     tokens: list[str] = []
     for piece in _TOKEN.findall(unicodedata.normalize("NFKC", text).lower()):
         if CJK_CHAR.match(piece):
-            tokens.extend(c for c in piece if c not in STOP_CHARS)
-            tokens.extend(
-                piece[i : i + 2]
-                for i in range(len(piece) - 1)
-                if piece[i] not in STOP_CHARS or piece[i + 1] not in STOP_CHARS
-            )
-            if len(piece) >= MIN_WORD_CHARS:
+            if "chars" in CJK_TERMS:
+                tokens.extend(c for c in piece if c not in STOP_CHARS)
+            if "pairs" in CJK_TERMS:
+                tokens.extend(
+                    piece[i : i + 2]
+                    for i in range(len(piece) - 1)
+                    if piece[i] not in STOP_CHARS or piece[i + 1] not in STOP_CHARS
+                )
+            if "words" in CJK_TERMS and len(piece) >= MIN_WORD_CHARS:
                 tokens.extend(
                     word
                     for word in _segmenter.cut_for_search(piece)
@@ -437,6 +444,23 @@ class LexicalIndex:
     def list_ids(self, scope: int) -> set[int]:
         index = self._scopes.get(scope)
         return set(index.documents) if index is not None else set()
+
+    def is_mostly_cjk(self, scope: int, doc_id: int) -> bool:
+        """Whether at least half the letters of a document's own content are of the CJK
+        scripts, as `retrieval.text.is_mostly_cjk` says of a text, told from its distinct
+        terms: each CJK character term one letter, any other term its length (False if
+        not held)."""
+        index = self._scopes.get(scope)
+        if index is None or doc_id not in index.own_terms:
+            return False
+        cjk = other = 0
+        for term_id in index.own_terms[doc_id].tolist():
+            term = index.terms[term_id]
+            if not CJK_CHAR.match(term):
+                other += len(term)
+            elif len(term) == 1:
+                cjk += 1
+        return cjk > 0 and 2 * cjk >= other
 
     def fingerprint(self, scope: int, doc_id: int) -> frozenset[int]:
         """The distinct terms of a document's own content (empty if not held)."""

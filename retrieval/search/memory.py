@@ -20,6 +20,7 @@ import asyncio
 import io
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from retrieval.search.fusion import (
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
 from retrieval.text import is_mostly_cjk
-from storage.embeddings import EmbeddingRepository, StoredVector
+from storage.embeddings import EmbeddingRepository, StoredVector, VectorSet
 from storage.messages import MessageRepository
 from storage.records import Turn
 
@@ -105,8 +106,15 @@ class RetrievalConfig:
     num_candidates: int = 100
     rrf_c: float = 60.0
     dense_weight: float = 0.7
-    # The dense weight for a query mostly in CJK script (0 with an English-only embedder).
+    # The dense weight for a query mostly in CJK script (0 with an English-only embedder,
+    # whose similarities of a memory mostly in CJK script then count for nothing either).
     dense_weight_cjk: float = 0.0
+    # The second dense list (a multilingual model's, where the memory has one): what is
+    # embedded for a turn, and its weight for a query mostly in CJK script and for others.
+    # Its CJK weight applies where the query or the memory is mostly in CJK script.
+    second_text: TextRecipe = field(default_factory=TextRecipe)
+    second_weight: float = 0.3
+    second_weight_cjk: float = 1.5
     lexical_weight: float = 1.0
     duplicate_threshold: float = 0.9
     feedback: Feedback = field(default_factory=Feedback)
@@ -115,6 +123,51 @@ class RetrievalConfig:
     neighbours: NeighbourConfig = field(default_factory=NeighbourConfig)
     # Open scopes kept per process: the least recently used beyond this are closed.
     max_open_users: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TurnVectors:
+    """A turn's vectors: the first embedder's and, where the memory has a second dense
+    list, the second's (None: embedded when the turn is indexed)."""
+
+    first: np.ndarray
+    second: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SecondDense:
+    """A second dense list of turns: a multilingual model beside the first (English)
+    one, its vectors stored in SQL under its own model name and kept in an index of its
+    own. Stores indexed before it was added are completed in the background
+    (`TurnMemory.backfill_second`); until a user's turns all hold its vector, that
+    user's searches leave it out."""
+
+    embedder: Embedder
+    index: VectorIndex
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    """One list of a search: its ranking, its weight of a memory in English and of one
+    mostly in CJK script, and (a dense list) its index and the query's vector there."""
+
+    ranking: list[ScoredId]
+    weight: float
+    weight_cjk: float
+    index: VectorIndex | None = None
+    vector: np.ndarray | None = None
+
+
+# Query vectors of the second embedder kept by query text (the same text always gives the
+# same vector): embedded with the turn's own vectors, used by the search that follows.
+SECOND_QUERY_CACHE = 64
+
+
+def _stored(turns: Sequence[Turn], matrix: np.ndarray) -> list[StoredVector]:
+    return [
+        StoredVector(t.id, t.user_pk, np.asarray(v, dtype=np.float32).tobytes())
+        for t, v in zip(turns, matrix, strict=True)
+    ]
 
 
 def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
@@ -151,8 +204,13 @@ class TurnMemory:
         config: RetrievalConfig | None = None,
         *,
         snapshot_dir: Path | None = None,
+        second: SecondDense | None = None,
     ) -> None:
         self._messages = messages
+        self._second = second
+        # Users whose open scope holds a second vector of every turn it holds.
+        self._second_ready: set[int] = set()
+        self._second_queries: OrderedDict[str, np.ndarray] = OrderedDict()
         # Where each user's lexical index and vocabulary are saved (None: never; they are
         # then built from SQL whenever a user's memory is opened).
         self._snapshot_dir = snapshot_dir
@@ -190,25 +248,51 @@ class TurnMemory:
         return name if recipe.is_raw else f"{name}#{recipe.tag()}"
 
     @property
+    def second_model(self) -> str | None:
+        """The name stored with each vector of the second dense list (None: it has none)."""
+        if self._second is None:
+            return None
+        recipe = self._config.second_text
+        name = self._second.embedder.model_name
+        return name if recipe.is_raw else f"{name}#{recipe.tag()}"
+
+    @property
+    def second_embedder(self) -> Embedder | None:
+        return None if self._second is None else self._second.embedder
+
+    @property
     def _needs_texts(self) -> bool:
         return self._config.mode != "dense" or self._config.duplicate_threshold <= 1
 
     @property
     def context_depth(self) -> int:
         """How many earlier turns of its session a turn's indexed texts need."""
-        return max(self._config.dense_text.previous, self._config.lexical_text.previous)
+        config = self._config
+        return max(
+            config.dense_text.previous, config.lexical_text.previous, config.second_text.previous
+        )
 
     async def check_model(self) -> None:
-        """Refuse to mix vectors of different models or texts: the fix is a full reindex."""
-        wanted = (self.vector_model, self._embedder.dimension)
-        for model, dimension in await self._embeddings.list_embedding_models():
-            if (model, dimension) != wanted:
-                raise EmbeddingModelMismatchError(
-                    f"stored vectors were made by {model!r} (dimension {dimension}) but the "
-                    f"configured embedder and turn text give {wanted[0]!r} (dimension "
-                    f"{wanted[1]}); run `memchat reindex` to re-embed every stored turn, or "
-                    "configure the embedder that made them (MEMCHAT_EMBEDDER__*)"
-                )
+        """Refuse to mix vectors of different models or texts: the fix is a full reindex.
+        The first list's vectors must be there (unless nothing is stored); vectors of
+        another model are those of a second list (completed in the background where it
+        is configured, unused where it is not)."""
+        wanted = {self.vector_model: self._embedder.dimension}
+        if self._second is not None and self.second_model is not None:
+            wanted[self.second_model] = self._second.embedder.dimension
+        configured = " and ".join(f"{model!r} (dimension {dim})" for model, dim in wanted.items())
+        stored = await self._embeddings.list_embedding_models()
+        wrong = [(m, d) for m, d in stored if m in wanted and d != wanted[m]]
+        if stored and self.vector_model not in {m for m, _ in stored}:
+            wrong += [(m, d) for m, d in stored if m not in wanted]
+        if wrong:
+            made = " and ".join(f"{m!r} (dimension {d})" for m, d in sorted(wrong))
+            raise EmbeddingModelMismatchError(
+                f"stored vectors were made by {made} but the configured embedders and turn "
+                f"texts give {configured}; run `memchat reindex` to re-embed every stored "
+                "turn, or configure the embedders that made them (MEMCHAT_EMBEDDER__*, "
+                "MEMCHAT_SECOND_EMBEDDER__*)"
+            )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of stored texts: turns, facts."""
@@ -226,6 +310,7 @@ class TurnMemory:
         search would otherwise embed (related words) made in the same call, so that the
         search itself embeds nothing."""
         query = searched_text(query)
+        await self._embed_second_query(query)
         words = self._neighbours.words_to_embed(user_pk, query)
         if isinstance(self._embedder, QueryEmbedder):
             vector = (await self.embed_queries([query]))[0]
@@ -238,22 +323,61 @@ class TurnMemory:
 
     async def embed_turn(
         self, query: str | None, turn: Turn, earlier: Sequence[Turn]
-    ) -> tuple[np.ndarray | None, np.ndarray]:
-        """The query's vector (None without a query) and the vector `turn` will be indexed
+    ) -> tuple[np.ndarray | None, TurnVectors]:
+        """The query's vector (None without a query) and the vectors `turn` will be indexed
         with (its dense pieces, `earlier` their context); in one call of the embedder
-        (with the query's words, as `embed_query`) unless it embeds queries its own way."""
-        pieces = dense_texts(self._config.dense_text, in_session_order([turn], earlier))
-        own = pieces[[t.id for t in in_session_order([turn], earlier)].index(turn.id)]
+        (with the query's words, as `embed_query`) unless it embeds queries its own way.
+        The second embedder, where there is one, makes the turn's second vector and the
+        query's (kept for the search that follows, `_second_query_vector`)."""
+        ordered = in_session_order([turn], earlier)
+        position = [t.id for t in ordered].index(turn.id)
+        own = dense_texts(self._config.dense_text, ordered)[position]
+        second = await self._embed_second_turns([turn], ordered)
         if query is not None and isinstance(self._embedder, QueryEmbedder):
             asked = await self.embed_query(turn.user_pk, query)
-            return asked, mean_of_pieces(await self.embed(own), [len(own)])[0]
+            first = mean_of_pieces(await self.embed(own), [len(own)])[0]
+            return asked, TurnVectors(first, second[0] if second is not None else None)
         if query is None:
-            return None, mean_of_pieces(await self.embed(own), [len(own)])[0]
+            first = mean_of_pieces(await self.embed(own), [len(own)])[0]
+            return None, TurnVectors(first, second[0] if second is not None else None)
         query = searched_text(query)
+        await self._embed_second_query(query)
         words = self._neighbours.words_to_embed(turn.user_pk, query)
         vectors = await self.embed([query, *words, *own])
         self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
-        return vectors[0], mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
+        first = mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
+        return vectors[0], TurnVectors(first, second[0] if second is not None else None)
+
+    async def _embed_second_turns(
+        self, turns: Sequence[Turn], ordered: list[Turn]
+    ) -> np.ndarray | None:
+        """The second embedder's vectors of `turns` (`ordered`: them with their context,
+        in session order); None without a second embedder."""
+        if self._second is None:
+            return None
+        pieces = dense_texts(self._config.second_text, ordered)
+        by_id = {t.id: p for t, p in zip(ordered, pieces, strict=True)}
+        wanted = [by_id[t.id] for t in turns]
+        vectors = await self._second.embedder.embed([text for texts in wanted for text in texts])
+        return mean_of_pieces(vectors, [len(texts) for texts in wanted])
+
+    async def _embed_second_query(self, query: str) -> None:
+        """Embed a (searched) query with the second embedder, unless its vector is kept."""
+        if self._second is None or query in self._second_queries:
+            return
+        embedder = self._second.embedder
+        if isinstance(embedder, QueryEmbedder):
+            vector = (await embedder.embed_queries([query]))[0]
+        else:
+            vector = (await embedder.embed([query]))[0]
+        self._second_queries[query] = vector
+        while len(self._second_queries) > SECOND_QUERY_CACHE:
+            self._second_queries.popitem(last=False)
+
+    async def _second_query_vector(self, query: str) -> np.ndarray:
+        await self._embed_second_query(query)
+        self._second_queries.move_to_end(query)
+        return self._second_queries[query]
 
     async def num_vectors(self) -> int:
         """Vectors in the open scopes of the turn index."""
@@ -303,6 +427,9 @@ class TurnMemory:
         """This process's state of one user gone from memory; the vectors stay in SQL
         and in the index's storage, the next use reopens them."""
         await self._index.unload(user_pk)
+        if self._second is not None:
+            await self._second.index.unload(user_pk)
+        self._second_ready.discard(user_pk)
         self._lexical.drop(user_pk)
         self._neighbours.drop(user_pk)
         self._texts_loaded.discard(user_pk)
@@ -326,14 +453,17 @@ class TurnMemory:
         The vector index and the lexical one are compared with SQL each on its own: a
         shared vector store (the Chroma server) already holds what another process added,
         this process's lexical index does not."""
-        sql_ids = await self._embeddings.list_user_vector_ids(user_pk)
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.vector_model)
         have = await self._index.list_ids(user_pk)
         missing, extra = sql_ids - have, have - sql_ids
         await self._index.remove(user_pk, extra)
         if missing:
             await self._add_stored(
-                user_pk, await self._embeddings.list_user_vectors(user_pk, missing)
+                self._index,
+                user_pk,
+                await self._embeddings.list_user_vectors(user_pk, self.vector_model, missing),
             )
+        await self._catch_up_second(user_pk, sql_ids)
         num_texts = 0
         if self._needs_texts:
             texts_have = self._lexical.list_ids(user_pk)
@@ -357,11 +487,45 @@ class TurnMemory:
 
     async def _reconcile_vectors(self, user_pk: int) -> None:
         async def add(missing: set[int]) -> None:
-            stored = await self._embeddings.list_user_vectors(user_pk, missing)
-            await self._add_stored(user_pk, stored)
+            stored = await self._embeddings.list_user_vectors(user_pk, self.vector_model, missing)
+            await self._add_stored(self._index, user_pk, stored)
 
-        sql_ids = await self._embeddings.list_user_vector_ids(user_pk)
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.vector_model)
         await reconcile(self._index, user_pk, sql_ids, add, event="index_scope_reconciled")
+        if self._second is None or self.second_model is None:
+            return
+        model = self.second_model
+
+        async def add_second(missing: set[int]) -> None:
+            stored = await self._embeddings.list_user_vectors(user_pk, model, missing)
+            assert self._second is not None
+            await self._add_stored(self._second.index, user_pk, stored)
+
+        second_ids = await self._embeddings.list_user_vector_ids(user_pk, model)
+        await reconcile(
+            self._second.index, user_pk, second_ids, add_second, event="index_scope_reconciled"
+        )
+        self._mark_second_ready(user_pk, sql_ids, second_ids)
+
+    async def _catch_up_second(self, user_pk: int, first_ids: set[int]) -> None:
+        """The second index of an open scope made to hold what SQL holds (as `_catch_up`)."""
+        if self._second is None or self.second_model is None:
+            return
+        model = self.second_model
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk, model)
+        have = await self._second.index.list_ids(user_pk)
+        await self._second.index.remove(user_pk, have - sql_ids)
+        if missing := sql_ids - have:
+            stored = await self._embeddings.list_user_vectors(user_pk, model, missing)
+            await self._add_stored(self._second.index, user_pk, stored)
+        self._mark_second_ready(user_pk, first_ids, sql_ids)
+
+    def _mark_second_ready(self, user_pk: int, first_ids: set[int], second_ids: set[int]) -> None:
+        """Search the user's second list only once it holds a vector of every turn."""
+        if first_ids <= second_ids:
+            self._second_ready.add(user_pk)
+        else:
+            self._second_ready.discard(user_pk)
 
     async def _load_texts(self, user_pk: int) -> None:
         """Open the user's lexical index and vocabulary: from their snapshot, caught up
@@ -393,7 +557,7 @@ class TurnMemory:
         if not await anyio.to_thread.run_sync(self._lexical.restore, user_pk, lexical_data):
             return False
         self._neighbours.restore(user_pk, words)
-        sql_ids = await self._embeddings.list_user_vector_ids(user_pk)
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.vector_model)
         have = self._lexical.list_ids(user_pk)
         self._remove_texts(user_pk, have - sql_ids)
         if new := sql_ids - have:
@@ -459,11 +623,12 @@ class TurnMemory:
         if self._config.neighbours.is_enabled:
             self._neighbours.add(user_pk, [f"{t.content} {t.image_caption or ''}" for t in turns])
 
-    async def _add_stored(self, user_pk: int, stored: Sequence[StoredVector]) -> None:
+    @staticmethod
+    async def _add_stored(index: VectorIndex, user_pk: int, stored: Sequence[StoredVector]) -> None:
         if not stored:
             return
         matrix = np.stack([np.frombuffer(item.vector, dtype=np.float32) for item in stored])
-        await self._index.add(user_pk, [item.message_id for item in stored], matrix)
+        await index.add(user_pk, [item.message_id for item in stored], matrix)
 
     async def _embed_turns(self, turns: Sequence[Turn], ordered: list[Turn]) -> np.ndarray:
         """One vector per turn: the normalised mean of its dense pieces' vectors."""
@@ -477,12 +642,13 @@ class TurnMemory:
         self,
         turns: Sequence[Turn],
         *,
-        vectors: Sequence[np.ndarray] | None = None,
+        vectors: Sequence[np.ndarray | TurnVectors] | None = None,
         earlier: Sequence[Turn] | None = None,
         fresh: bool = False,
     ) -> None:
-        """Store the turns' vectors in SQL, then add the turns to the vector and lexical
-        indexes. `vectors` are the turns' own (from `embed_turn`), else they are embedded
+        """Store the turns' vectors in SQL (every dense list's, in one transaction), then
+        add the turns to the vector and lexical indexes. `vectors` are the turns' own
+        (from `embed_turn`; a bare array is the first list's), else they are embedded
         here; `earlier` holds the turns before them that their texts need (else read from
         SQL); `fresh` turns were just stored and have no vector to replace."""
         if not turns:
@@ -490,19 +656,33 @@ class TurnMemory:
         if earlier is None:
             earlier = await self._earlier(turns)
         ordered = in_session_order(turns, earlier)
+        given = [v if isinstance(v, TurnVectors) else TurnVectors(v) for v in vectors or ()]
         matrix = (
-            np.asarray(vectors) if vectors is not None else await self._embed_turns(turns, ordered)
+            np.asarray([v.first for v in given])
+            if vectors is not None
+            else await self._embed_turns(turns, ordered)
         )
-        stored = [
-            StoredVector(t.id, t.user_pk, np.asarray(v, dtype=np.float32).tobytes())
-            for t, v in zip(turns, matrix, strict=True)
-        ]
-        versions = await self._embeddings.save_embeddings(
-            self.vector_model, self._embedder.dimension, stored, replace=not fresh
-        )
+        sets = [VectorSet(self.vector_model, self._embedder.dimension, _stored(turns, matrix))]
+        second: list[StoredVector] = []
+        if self._second is not None and self.second_model is not None:
+            if given and all(v.second is not None for v in given):
+                second_matrix: np.ndarray | None = np.asarray([v.second for v in given])
+            else:
+                second_matrix = await self._embed_second_turns(turns, ordered)
+            assert second_matrix is not None
+            second = _stored(turns, second_matrix)
+            sets.append(VectorSet(self.second_model, self._second.embedder.dimension, second))
+        versions = await self._embeddings.save_embeddings(sets, replace=not fresh)
+        stored = sets[0].vectors
         for user_pk in sorted({t.user_pk for t in turns}):
             await self.ensure_scope(user_pk)
-            await self._add_stored(user_pk, [s for s in stored if s.user_pk == user_pk])
+            await self._add_stored(
+                self._index, user_pk, [s for s in stored if s.user_pk == user_pk]
+            )
+            if self._second is not None:
+                await self._add_stored(
+                    self._second.index, user_pk, [s for s in second if s.user_pk == user_pk]
+                )
             if self._needs_texts:
                 self._add_texts(user_pk, [t for t in turns if t.user_pk == user_pk], ordered)
                 # Their new words now, rather than in the user's next search.
@@ -545,25 +725,34 @@ class TurnMemory:
             query = searched_text(query)
         config = self._config
         fetch = max(k, config.num_candidates)
-        rankings: list[list[ScoredId]] = []
+        is_cjk = is_mostly_cjk(query or "")
+        sides: list[_Side] = []
         lexical = LexicalScores.empty()
         if config.mode != "lexical" or query is None:
-            rankings.append(await self._index.search(user_pk, vector, fetch, exclude))
+            weight = config.dense_weight_cjk if is_cjk else config.dense_weight
+            found = await self._index.search(user_pk, vector, fetch, exclude)
+            # An English-only model's similarity to a Chinese memory is noise.
+            on_cjk = weight if config.dense_weight_cjk > 0 else 0.0
+            sides.append(_Side(found, weight, on_cjk, self._index, vector))
+            if self._second is not None and query is not None and user_pk in self._second_ready:
+                second = await self._second_query_vector(query)
+                found = await self._second.index.search(user_pk, second, fetch, exclude)
+                weight = config.second_weight_cjk if is_cjk else config.second_weight
+                sides.append(
+                    _Side(found, weight, config.second_weight_cjk, self._second.index, second)
+                )
         if config.mode != "dense" and query is not None:
             terms = await self._query_terms(user_pk, query, exclude)
             lexical = self._lexical.score(user_pk, terms, fetch, exclude)
-            rankings.append(lexical.top(fetch, exclude))
-        if len(rankings) == 1:
-            ranked = rankings[0]
+            weight = config.lexical_weight
+            sides.append(_Side(lexical.top(fetch, exclude), weight, weight))
+        if len(sides) == 1:
+            ranked = sides[0].ranking
+        elif config.fusion == "zscore":
+            ranked = await self._standardised(user_pk, sides, lexical)
         else:
-            dense_weight = (
-                config.dense_weight_cjk if is_mostly_cjk(query or "") else config.dense_weight
-            )
-            weights = [dense_weight, config.lexical_weight]
-            if config.fusion == "zscore":
-                ranked = await self._standardised(user_pk, vector, lexical, rankings, weights)
-            else:
-                ranked = reciprocal_rank_fusion(rankings, weights, config.rrf_c)
+            rankings = [side.ranking for side in sides]
+            ranked = reciprocal_rank_fusion(rankings, [s.weight for s in sides], config.rrf_c)
         if config.duplicate_threshold > 1:
             return ranked[:k]
         return drop_near_duplicates(
@@ -572,6 +761,29 @@ class TurnMemory:
             config.duplicate_threshold,
             k,
         )
+
+    async def _standardised(
+        self, user_pk: int, sides: Sequence[_Side], lexical: LexicalScores
+    ) -> list[ScoredId]:
+        """The lists fused by standardised scores, each candidate scored exactly by each
+        (the lexical side from the scores its ranking came from), weighed by the
+        language of the memory where a side's weight depends on it."""
+        candidates = {hit.id for side in sides for hit in side.ranking}
+        in_cjk = {i for i in candidates if self._lexical.is_mostly_cjk(user_pk, i)}
+        exact: list[Mapping[int, float]] = []
+        weights: list[float | Mapping[int, float]] = []
+        for side in sides:
+            if side.index is None or side.vector is None:
+                exact.append(lexical.of(candidates))
+            else:
+                exact.append(await side.index.similarities(user_pk, side.vector, candidates))
+            if side.weight_cjk == side.weight or not in_cjk:
+                weights.append(side.weight)
+            else:
+                weights.append(
+                    {i: side.weight_cjk if i in in_cjk else side.weight for i in candidates}
+                )
+        return standardised_fusion([side.ranking for side in sides], exact, weights)
 
     async def _query_terms(
         self, user_pk: int, query: str, exclude: Collection[int]
@@ -582,20 +794,6 @@ class TurnMemory:
             user_pk, query, related.weights, exclude, sources=related.sources
         )
 
-    async def _standardised(
-        self,
-        user_pk: int,
-        vector: np.ndarray,
-        lexical: LexicalScores,
-        rankings: list[list[ScoredId]],
-        weights: list[float],
-    ) -> list[ScoredId]:
-        """Dense and lexical hits fused by standardised scores, each candidate scored
-        exactly by both (the lexical side from the scores its ranking came from)."""
-        candidates = {hit.id for ranking in rankings for hit in ranking}
-        dense = await self._index.similarities(user_pk, vector, candidates)
-        return standardised_fusion(rankings, [dense, lexical.of(candidates)], weights)
-
     async def forget(self, user_pk: int, message_ids: Collection[int]) -> None:
         """Drop vectors and terms of messages already deleted from SQL, and write the
         files at once: no file of the data directory keeps their text (nor their
@@ -603,6 +801,8 @@ class TurnMemory:
         await self.ensure_scope(user_pk)
         async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
             await self._index.remove(user_pk, message_ids)
+            if self._second is not None:
+                await self._second.index.remove(user_pk, message_ids)
             self._remove_texts(user_pk, message_ids)
             self._unsaved.add(user_pk)
         await self.save()
@@ -618,6 +818,9 @@ class TurnMemory:
     async def _drop_scope(self, user_pk: int) -> None:
         """Every derived state of one user gone, vectors and snapshots on disk included."""
         await self._index.drop(user_pk)
+        if self._second is not None:
+            await self._second.index.drop(user_pk)
+        self._second_ready.discard(user_pk)
         if self._snapshot_dir is not None:
             for path in self._snapshot_paths(user_pk):
                 path.unlink(missing_ok=True)
@@ -647,6 +850,70 @@ class TurnMemory:
         await self._index.save()
         return len(turns)
 
+    async def second_progress(self) -> tuple[int, int] | None:
+        """(turns holding the second list's vector, turns holding the first's); None
+        without a second list."""
+        if self.second_model is None:
+            return None
+        counts = await self._embeddings.count_vectors()
+        return counts.get(self.second_model, 0), counts.get(self.vector_model, 0)
+
+    async def backfill_second(
+        self,
+        hold: Callable[[int], AbstractAsyncContextManager[bool]],
+        on_progress: Callable[[int], object] | None = None,
+    ) -> int:
+        """Give the second list's vector to every turn that holds only the first's (a
+        store indexed before the second list was added), user by user, a batch at a time,
+        each batch stored at once: a process stopped midway resumes where it stopped.
+        `hold(user_pk)` claims a user's turns (False: another process is embedding them,
+        they are left to it), so that no turn is embedded twice. Returns how many turns
+        this call embedded; `on_progress` is told each batch's size."""
+        if self._second is None or self.second_model is None:
+            return 0
+        first, second = self.vector_model, self.second_model
+        dimension = self._second.embedder.dimension
+        num_embedded = 0
+        for user_pk in await self._messages.list_users_lacking_second_vector(first, second):
+            async with hold(user_pk) as is_held:
+                if not is_held:
+                    continue
+                while batch := await self._messages.list_lacking_second_vector(
+                    first, second, REPAIR_BATCH_SIZE, user_pk=user_pk
+                ):
+                    ordered = in_session_order(batch, await self._earlier(batch))
+                    vectors = await self._embed_second_turns(batch, ordered)
+                    assert vectors is not None
+                    stored = _stored(batch, vectors)
+                    versions = await self._embeddings.save_embeddings(
+                        [VectorSet(second, dimension, stored)], replace=False
+                    )
+                    await self._took_second(user_pk, stored, versions.get(user_pk))
+                    num_embedded += len(batch)
+                    if on_progress is not None:
+                        on_progress(len(batch))
+        if num_embedded:
+            log.info("second_vectors_backfilled", model=second, num_turns=num_embedded)
+        return num_embedded
+
+    async def _took_second(
+        self, user_pk: int, stored: Sequence[StoredVector], version: int | None
+    ) -> None:
+        """An open scope given the second vectors just stored for it."""
+        if self._second is None or not self._is_open(user_pk):
+            return
+        async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
+            if not self._is_open(user_pk):
+                return
+            await self._add_stored(self._second.index, user_pk, stored)
+            self._mark_second_ready(
+                user_pk,
+                await self._index.list_ids(user_pk),
+                await self._second.index.list_ids(user_pk),
+            )
+            if version is not None and self._versions.get(user_pk) == version - 1:
+                self._versions[user_pk] = version
+
     async def scope_sizes(self, user_pk: int) -> tuple[int, int]:
         """(vectors, lexical documents) of a user's loaded scope; (0, 0) if not loaded."""
         return len(await self._index.list_ids(user_pk)), len(self._lexical.list_ids(user_pk))
@@ -656,7 +923,9 @@ class TurnMemory:
         With several processes, some may be messages another process has just stored and
         is about to index: whichever vector is stored first is kept (`fresh`)."""
         num_repaired = 0
-        while batch := await self._messages.list_unembedded_messages(REPAIR_BATCH_SIZE):
+        while batch := await self._messages.list_unembedded_messages(
+            REPAIR_BATCH_SIZE, self.vector_model
+        ):
             await self.index(batch, fresh=True)
             num_repaired += len(batch)
         if num_repaired:
@@ -668,6 +937,9 @@ class TurnMemory:
         `on_progress` is told the number of messages of each batch done."""
         await self._embeddings.delete_all_embeddings()
         await self._index.drop_all()
+        if self._second is not None:
+            await self._second.index.drop_all()
+        self._second_ready.clear()
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
         self._texts_loaded.clear()
@@ -691,11 +963,14 @@ class TurnMemory:
 
     async def save(self) -> None:
         await self._index.save()
+        if self._second is not None:
+            await self._second.index.save()
         await self._save_snapshots()
 
     async def wait_built(self) -> None:
         """Wait for the vector index's background work (the approximate index of a large
         scope, built off the event loop), where it does any."""
-        wait = getattr(self._index, "wait_built", None)
-        if wait is not None:
-            await wait()
+        for index in (self._index, self._second.index if self._second else None):
+            wait = getattr(index, "wait_built", None)
+            if wait is not None:
+                await wait()

@@ -125,21 +125,28 @@ def _input(path: str) -> Iterator[IO[bytes]]:
 async def _import(
     settings: Settings, args: argparse.Namespace, num_records: int | None
 ) -> ImportCounts:
-    from app.adapters import build_index, load_embedder
+    from app.adapters import build_index, load_embedder, load_second_embedder
     from app.runtime import build_knowledge, retrieval_config
-    from retrieval.search.memory import TurnMemory
+    from retrieval.search.memory import SecondDense, TurnMemory
 
     db = Database.open(settings.resolved_database_url())
     try:
         repositories = Repositories.of(db)
         tenant = await repositories.access.ensure_tenant(args.tenant)
         embedder = await load_embedder(settings)
+        second_embedder = await load_second_embedder(settings)
+        second = None
+        if second_embedder is not None:
+            second = SecondDense(
+                second_embedder, build_index(settings, second_embedder, second=True)
+            )
         memory = TurnMemory(
             repositories.messages,
             repositories.embeddings,
             embedder,
             build_index(settings, embedder),
             vectors_only(retrieval_config(settings.retrieval, settings.embedder.reads_cjk)),
+            second=second,
         )
         await memory.check_model()
         target = ImportTarget(
