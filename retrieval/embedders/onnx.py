@@ -102,25 +102,34 @@ def export_onnx(model_path: Path, target: Path) -> None:
     export_model_onnx(AutoModel.from_pretrained(str(model_path), local_files_only=True), target)
 
 
-def export_model_onnx(model: Any, target: Path) -> None:
+def export_model_onnx(model: Any, target: Path, *, word_vectors: bool = False) -> None:
     """Export a transformers model's last hidden state to ONNX at `target` (dynamic batch
-    and length; inputs `input_ids`, `attention_mask`, `token_type_ids`), atomically."""
+    and length; inputs `input_ids`, `attention_mask`, `token_type_ids`), atomically.
+    `word_vectors`: the graph takes `inputs_embeds` (the tokens' rows of the word
+    embedding table, looked up by the caller) instead of `input_ids`, and holds no table."""
     import torch
 
     model = model.eval()
     takes_types = takes_token_types(model)
+    first_input = "inputs_embeds" if word_vectors else "input_ids"
 
     class LastHiddenState(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+        def forward(self, first: Any, attention_mask: Any, token_type_ids: Any) -> Any:
             extra = {"token_type_ids": token_type_ids} if takes_types else {}
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+            given = {first_input: first}
+            out = self.model(attention_mask=attention_mask, **given, **extra)
             return out.last_hidden_state
 
     sample = torch.ones((1, 8), dtype=torch.long)
+    first_sample = (
+        torch.zeros((1, 8, model.config.hidden_size), dtype=torch.float32)
+        if word_vectors
+        else sample
+    )
     axes = {0: "batch", 1: "length"}
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".tmp", delete=False) as tmp:
@@ -132,12 +141,12 @@ def export_model_onnx(model: Any, target: Path) -> None:
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 LastHiddenState(),
-                (sample, sample, torch.zeros_like(sample)),
+                (first_sample, sample, torch.zeros_like(sample)),
                 str(tmp_path),
-                input_names=["input_ids", "attention_mask", "token_type_ids"],
+                input_names=[first_input, "attention_mask", "token_type_ids"],
                 output_names=["last_hidden_state"],
                 dynamic_axes={
-                    "input_ids": axes,
+                    first_input: axes,
                     "attention_mask": axes,
                     "token_type_ids": axes,
                     "last_hidden_state": axes,
@@ -151,11 +160,20 @@ def export_model_onnx(model: Any, target: Path) -> None:
 
 
 class OnnxHiddenState:
-    """`last_hidden_state(ids, mask, types)` of an exported transformer, by ONNX Runtime."""
+    """`last_hidden_state(ids, mask, types)` of an exported transformer, by ONNX Runtime.
+    `word_vectors`: the word embedding table of a graph exported with `word_vectors`
+    (typically memory-mapped from a file: only the rows of the tokens met are read)."""
 
-    def __init__(self, onnx_path: Path, *, num_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        onnx_path: Path,
+        *,
+        num_threads: int | None = None,
+        word_vectors: np.ndarray | None = None,
+    ) -> None:
         import onnxruntime
 
+        self._word_vectors = word_vectors
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads or os.cpu_count() or 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -167,9 +185,13 @@ class OnnxHiddenState:
         )
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> Any:
+        first = (
+            {"inputs_embeds": np.asarray(self._word_vectors[ids], dtype=np.float32)}
+            if self._word_vectors is not None
+            else {"input_ids": ids}
+        )
         (hidden,) = self._session.run(
-            ["last_hidden_state"],
-            {"input_ids": ids, "attention_mask": mask, "token_type_ids": types},
+            ["last_hidden_state"], {**first, "attention_mask": mask, "token_type_ids": types}
         )
         return hidden
 

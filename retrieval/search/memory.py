@@ -310,14 +310,17 @@ class TurnMemory:
         search would otherwise embed (related words) made in the same call, so that the
         search itself embeds nothing."""
         query = searched_text(query)
-        await self._embed_second_query(query)
         words = self._neighbours.words_to_embed(user_pk, query)
         if isinstance(self._embedder, QueryEmbedder):
+            await self._embed_second_query(query)
             vector = (await self.embed_queries([query]))[0]
             if words:
                 self._neighbours.give_vectors(user_pk, words, await self.embed(words))
             return vector
-        vectors = await self.embed([query, *words])
+        # Both models at once: each call is too small to keep every core busy alone.
+        vectors, _ = await asyncio.gather(
+            self.embed([query, *words]), self._embed_second_query(query)
+        )
         self._neighbours.give_vectors(user_pk, words, vectors[1:])
         return vectors[0]
 
@@ -332,21 +335,25 @@ class TurnMemory:
         ordered = in_session_order([turn], earlier)
         position = [t.id for t in ordered].index(turn.id)
         own = dense_texts(self._config.dense_text, ordered)[position]
+        if query is not None and not isinstance(self._embedder, QueryEmbedder):
+            query = searched_text(query)
+            words = self._neighbours.words_to_embed(turn.user_pk, query)
+            # Both models at once: each call is too small to keep every core busy alone.
+            vectors, second, _ = await asyncio.gather(
+                self.embed([query, *words, *own]),
+                self._embed_second_turns([turn], ordered),
+                self._embed_second_query(query),
+            )
+            self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
+            first = mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
+            return vectors[0], TurnVectors(first, second[0] if second is not None else None)
         second = await self._embed_second_turns([turn], ordered)
-        if query is not None and isinstance(self._embedder, QueryEmbedder):
+        if query is not None:
             asked = await self.embed_query(turn.user_pk, query)
             first = mean_of_pieces(await self.embed(own), [len(own)])[0]
             return asked, TurnVectors(first, second[0] if second is not None else None)
-        if query is None:
-            first = mean_of_pieces(await self.embed(own), [len(own)])[0]
-            return None, TurnVectors(first, second[0] if second is not None else None)
-        query = searched_text(query)
-        await self._embed_second_query(query)
-        words = self._neighbours.words_to_embed(turn.user_pk, query)
-        vectors = await self.embed([query, *words, *own])
-        self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
-        first = mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
-        return vectors[0], TurnVectors(first, second[0] if second is not None else None)
+        first = mean_of_pieces(await self.embed(own), [len(own)])[0]
+        return None, TurnVectors(first, second[0] if second is not None else None)
 
     async def _embed_second_turns(
         self, turns: Sequence[Turn], ordered: list[Turn]
