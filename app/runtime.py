@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anyio
 import structlog
 
 from app.adapters import (
@@ -44,7 +43,7 @@ from retrieval.protocols import Embedder, Engine, StructuredEngine
 from retrieval.search.backfill import SecondListBackfill
 from retrieval.search.expansion import NeighbourConfig
 from retrieval.search.indexed_text import TextRecipe
-from retrieval.search.lexical import Feedback, load_segmenter
+from retrieval.search.lexical import Feedback
 from retrieval.search.memory import RetrievalConfig, SecondDense, TurnMemory
 from retrieval.window.keeper import WindowConfig, WindowKeeper
 from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer, Summarizer
@@ -259,7 +258,6 @@ async def build_runtime(
             ),
         )
         await backfill.start()
-    await anyio.to_thread.run_sync(load_segmenter)
     knowledge = build_knowledge(settings, repositories, embedder)
     await knowledge.start()
     facts = FactMemory(

@@ -90,22 +90,6 @@ async def service(
             yield client
 
 
-def add_cjk_terms_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--cjk-terms",
-        help="the in-process service's lexical terms of CJK text, comma-separated of "
-        "chars, pairs, words (default: all three, the service's)",
-    )
-
-
-def use_cjk_terms(args: argparse.Namespace) -> None:
-    """A variant of the lexical terms of CJK text, for comparison (in process only)."""
-    if args.cjk_terms:
-        from retrieval.search import lexical
-
-        lexical.CJK_TERMS = frozenset(args.cjk_terms.split(","))
-
-
 def add_embedder_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embedder",

@@ -37,13 +37,11 @@ import uuid
 from pathlib import Path
 
 from _client import (
-    add_cjk_terms_option,
     add_embedder_option,
     latency_line,
     percentile,
     post,
     service,
-    use_cjk_terms,
     use_embedder,
 )
 
@@ -191,10 +189,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_embedder_option(parser)
-    add_cjk_terms_option(parser)
     args = parser.parse_args()
     use_embedder(parser, args)
-    use_cjk_terms(args)
     figures = asyncio.run(run(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")

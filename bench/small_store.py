@@ -30,12 +30,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from _client import (
-    add_cjk_terms_option,
     add_embedder_option,
     latency_line,
     post,
     service,
-    use_cjk_terms,
     use_embedder,
 )
 
@@ -115,10 +113,8 @@ def main() -> None:
     parser.add_argument("--show-failures", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_embedder_option(parser)
-    add_cjk_terms_option(parser)
     args = parser.parse_args()
     use_embedder(parser, args)
-    use_cjk_terms(args)
     figures = asyncio.run(run(args))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, ensure_ascii=False), encoding="utf-8")

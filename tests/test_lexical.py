@@ -33,13 +33,7 @@ def test_chinese_is_cut_into_characters_and_pairs() -> None:
         "过", "敏", "食", "物",
         "么过", "过敏", "敏的", "的食", "食物", "物吗",
     ]  # fmt: skip
-    assert tokenize("你们好吗") == ["好", "们好", "好吗", "你们好"]
-    # A word of three characters or more that the dictionary knows is a term as well.
-    assert tokenize("我对猕猴桃过敏") == [
-        "对", "猕", "猴", "桃", "过", "敏",
-        "我对", "对猕", "猕猴", "猴桃", "桃过", "过敏",
-        "猕猴桃",
-    ]  # fmt: skip
+    assert tokenize("你们好吗") == ["好", "们好", "好吗"]
     # Mixed text: Latin words and CJK runs are tokenised each their own way.
     assert tokenize("Alice说花生") == ["alic", "说", "花", "生", "说花", "花生"]
 

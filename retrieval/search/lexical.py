@@ -8,8 +8,9 @@ Tokens: Latin-script words are lower-cased, English stop words dropped and the r
 stemmed (Snowball), so "painted" matches "painting". Text without spaces (Chinese,
 Japanese, Korean) is cut into single characters and overlapping character pairs: 我对花生过敏
 yields 花, 生, 花生, ... and is found by 花生; pairs keep multi-character words ahead of
-texts that merely share their characters. Words of three characters or more that jieba's
-dictionary knows (猕猴桃, 坐地铁) are terms too, beside their characters and pairs.
+texts that merely share their characters. (Dictionary words of three characters or more,
+from jieba, were terms too until measured: they changed neither MADial-Bench zh nor the
+small-store probes, bench/RESULTS.md, and took 61 MiB per process.)
 Chinese function characters (的, 了, 什么, ...) are dropped as English stop words are
 (`STOP_CHARS`). Other scripts are split on word boundaries.
 """
@@ -17,7 +18,6 @@ Chinese function characters (的, 了, 什么, ...) are dropped as English stop 
 from __future__ import annotations
 
 import io
-import logging
 import math
 import re
 import unicodedata
@@ -26,7 +26,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import jieba
 import numpy as np
 import snowballstemmer
 
@@ -58,27 +57,10 @@ STOP_CHARS = frozenset(
 
 _stemmer = snowballstemmer.stemmer("english")
 
-# jieba's dictionary (in its package) loads at the first Chinese text, or at `load_segmenter`.
-_segmenter = jieba.Tokenizer()
-logging.getLogger("jieba").setLevel(logging.WARNING)
-# Shorter words are already character pairs.
-MIN_WORD_CHARS = 3
-
-
-def load_segmenter() -> None:
-    """Load the Chinese dictionary now (about a second), not in the first request that
-    holds Chinese."""
-    _segmenter.initialize()
-
 
 @lru_cache(maxsize=65536)
 def _stem(word: str) -> str:
     return _stemmer.stemWord(word)
-
-
-# The terms of CJK text: single characters, overlapping pairs, jieba's longer words.
-# Fixed; a benchmark may compare others (bench/madial.py --cjk-terms).
-CJK_TERMS = frozenset({"chars", "pairs", "words"})
 
 
 def tokenize(text: str) -> list[str]:
@@ -86,20 +68,12 @@ def tokenize(text: str) -> list[str]:
     tokens: list[str] = []
     for piece in _TOKEN.findall(unicodedata.normalize("NFKC", text).lower()):
         if CJK_CHAR.match(piece):
-            if "chars" in CJK_TERMS:
-                tokens.extend(c for c in piece if c not in STOP_CHARS)
-            if "pairs" in CJK_TERMS:
-                tokens.extend(
-                    piece[i : i + 2]
-                    for i in range(len(piece) - 1)
-                    if piece[i] not in STOP_CHARS or piece[i + 1] not in STOP_CHARS
-                )
-            if "words" in CJK_TERMS and len(piece) >= MIN_WORD_CHARS:
-                tokens.extend(
-                    word
-                    for word in _segmenter.cut_for_search(piece)
-                    if len(word) >= MIN_WORD_CHARS and any(c not in STOP_CHARS for c in word)
-                )
+            tokens.extend(c for c in piece if c not in STOP_CHARS)
+            tokens.extend(
+                piece[i : i + 2]
+                for i in range(len(piece) - 1)
+                if piece[i] not in STOP_CHARS or piece[i + 1] not in STOP_CHARS
+            )
         elif piece not in STOP_WORDS:
             tokens.append(_stem(piece) if piece.isascii() else piece)
     return tokens

@@ -317,10 +317,8 @@ class TurnMemory:
             if words:
                 self._neighbours.give_vectors(user_pk, words, await self.embed(words))
             return vector
-        # Both models at once: each call is too small to keep every core busy alone.
-        vectors, _ = await asyncio.gather(
-            self.embed([query, *words]), self._embed_second_query(query)
-        )
+        vectors = await self.embed([query, *words])
+        await self._embed_second_query(query)
         self._neighbours.give_vectors(user_pk, words, vectors[1:])
         return vectors[0]
 
@@ -338,12 +336,11 @@ class TurnMemory:
         if query is not None and not isinstance(self._embedder, QueryEmbedder):
             query = searched_text(query)
             words = self._neighbours.words_to_embed(turn.user_pk, query)
-            # Both models at once: each call is too small to keep every core busy alone.
-            vectors, second, _ = await asyncio.gather(
-                self.embed([query, *words, *own]),
-                self._embed_second_turns([turn], ordered),
-                self._embed_second_query(query),
-            )
+            # One after the other: run at once, the models' threads only contend for the
+            # cores (bench/RESULTS.md).
+            vectors = await self.embed([query, *words, *own])
+            second = await self._embed_second_turns([turn], ordered)
+            await self._embed_second_query(query)
             self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
             first = mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
             return vectors[0], TurnVectors(first, second[0] if second is not None else None)
