@@ -51,7 +51,9 @@ from tests.live import MEMCHAT, cli_env, free_port
 
 pytestmark = pytest.mark.postgres
 
-LIKES = [f"I like item {n}." for n in range(1, 601)]
+# Five batches of extraction for the killed-process test: with three, the job sometimes
+# ended before the test had seen its second batch begin and could kill its process.
+LIKES = [f"I like item {n}." for n in range(1, 1001)]
 
 
 class CountingExtractor:
