@@ -236,3 +236,26 @@ async def test_a_store_of_another_first_model_is_refused_and_second_vectors_are_
     )
     with pytest.raises(EmbeddingModelMismatchError, match="hash-2048#speaker"):
         await other.check_model()
+
+
+async def test_the_background_job_survives_a_failing_model_and_finishes_later(
+    repos: Repositories, tmp_path: Path
+) -> None:
+    plain = memory_for(repos, tmp_path / "plain")
+    user_pk, ids = await store(repos, "alice", ["我姐姐住在成都。", *SMALL_TALK])
+    await plain.index(await repos.messages.list_user_messages(user_pk), fresh=True)
+    failing = FailingAfter(calls=0)
+    job = SecondListBackfill(memory_for(repos, tmp_path / "a", failing), None, retry_s=0.05)
+    await job.start()
+    try:
+        await asyncio.sleep(0.3)  # several tries, each failing
+        assert (job.progress.done, job.progress.total, job.progress.is_complete) == (0, 4, False)
+        failing.calls_left = 1  # the model answers again
+        for _ in range(100):
+            if job.progress.is_complete:
+                break
+            await asyncio.sleep(0.05)
+        assert job.progress.as_dict()["state"] == "complete"
+    finally:
+        await job.stop()
+    assert (await vectors_per_model(repos))["translating-768"] == ids

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import structlog
 
+from retrieval.errors import RetrievalError
 from retrieval.search.memory import TurnMemory
 from storage.claims import SECOND_VECTORS, JobClaimRepository, int4_key
+from storage.errors import StorageError
 
 log = structlog.get_logger(__name__)
 
@@ -104,14 +106,23 @@ class SecondListBackfill:
                 await self._refresh(running=True)
                 await self._memory.backfill_second(self.hold, self._advance)
                 await self._refresh(running=False)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a failing database or model: try again later
-                log.exception("second_list_backfill_failed")
+            except (RetrievalError, StorageError) as exc:  # a database or index away: later
+                log.warning("second_list_backfill_failed", error=str(exc))
+                await self._refresh_or_keep()
+            except Exception:  # the boundary of a background task: record, try again later
+                log.exception("second_list_backfill_crashed")
+                await self._refresh_or_keep()
             if self._progress.is_complete:
                 log.info("second_list_complete", **self._progress.as_dict())
                 return
             await asyncio.sleep(self._retry_s)
+
+    async def _refresh_or_keep(self) -> None:
+        """The progress read again after a failure, if the database answers."""
+        with suppress(RetrievalError, StorageError):
+            await self._refresh(running=False)
+            return
+        self._progress = BackfillProgress(self._progress.done, self._progress.total, False)
 
     async def _refresh(self, *, running: bool) -> None:
         counts = await self._memory.second_progress()
