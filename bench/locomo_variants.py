@@ -38,9 +38,8 @@ from retrieval.search.fusion import (
     reciprocal_rank_fusion,
     standardised_fusion,
 )
-from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
+from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts, mean_of_pieces
 from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
-from retrieval.search.memory import mean_of_pieces
 from storage.records import Turn
 
 KS = (5, 10, 20)

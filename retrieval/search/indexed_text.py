@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from retrieval.text import CJK, CJK_CHAR
 from storage.records import Turn
 
@@ -154,3 +156,14 @@ def indexed_parts(recipe: TextRecipe, turns: Sequence[Turn]) -> list[tuple[str, 
 def dense_texts(recipe: TextRecipe, turns: Sequence[Turn]) -> list[list[str]]:
     """The dense pieces of turns as `with_earlier` takes them, in the same order."""
     return [dense_pieces(recipe, turn, earlier) for turn, earlier in with_earlier(turns)]
+
+
+def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """One unit vector per turn from the vectors of its pieces, given in turn order
+    (`counts[i]` pieces for turn i): their normalised mean; a single piece as it is."""
+    if len(vectors) == len(counts):
+        return vectors
+    bounds = np.cumsum([0, *counts])
+    means = np.add.reduceat(vectors, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
+    norms = np.linalg.norm(means, axis=1, keepdims=True)
+    return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)

@@ -40,8 +40,9 @@ from retrieval.search.fusion import (
     reciprocal_rank_fusion,
     standardised_fusion,
 )
-from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts
+from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts, mean_of_pieces
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
+from retrieval.search.second import SecondDense, SecondList, add_stored
 from retrieval.text import is_mostly_cjk
 from storage.embeddings import EmbeddingRepository, StoredVector, VectorSet
 from storage.messages import MessageRepository
@@ -135,18 +136,6 @@ class TurnVectors:
 
 
 @dataclass(frozen=True, slots=True)
-class SecondDense:
-    """A second dense list of turns: a multilingual model beside the first (English)
-    one, its vectors stored in SQL under its own model name and kept in an index of its
-    own. Stores indexed before it was added are completed in the background
-    (`TurnMemory.backfill_second`); until a user's turns all hold its vector, that
-    user's searches leave it out."""
-
-    embedder: Embedder
-    index: VectorIndex
-
-
-@dataclass(frozen=True, slots=True)
 class _Side:
     """One list of a search: its ranking, its weight of a memory in English and of one
     mostly in CJK script, and (a dense list) its index and the query's vector there."""
@@ -158,27 +147,11 @@ class _Side:
     vector: np.ndarray | None = None
 
 
-# Query vectors of the second embedder kept by query text (the same text always gives the
-# same vector): embedded with the turn's own vectors, used by the search that follows.
-SECOND_QUERY_CACHE = 64
-
-
 def _stored(turns: Sequence[Turn], matrix: np.ndarray) -> list[StoredVector]:
     return [
         StoredVector(t.id, t.user_pk, np.asarray(v, dtype=np.float32).tobytes())
         for t, v in zip(turns, matrix, strict=True)
     ]
-
-
-def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
-    """One unit vector per turn from the vectors of its pieces, given in turn order
-    (`counts[i]` pieces for turn i): their normalised mean; a single piece as it is."""
-    if len(vectors) == len(counts):
-        return vectors
-    bounds = np.cumsum([0, *counts])
-    means = np.add.reduceat(vectors, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
-    norms = np.linalg.norm(means, axis=1, keepdims=True)
-    return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
 def searched_text(query: str) -> str:
@@ -207,10 +180,6 @@ class TurnMemory:
         second: SecondDense | None = None,
     ) -> None:
         self._messages = messages
-        self._second = second
-        # Users whose open scope holds a second vector of every turn it holds.
-        self._second_ready: set[int] = set()
-        self._second_queries: OrderedDict[str, np.ndarray] = OrderedDict()
         # Where each user's lexical index and vocabulary are saved (None: never; they are
         # then built from SQL whenever a user's memory is opened).
         self._snapshot_dir = snapshot_dir
@@ -222,6 +191,9 @@ class TurnMemory:
         self._embedder = embedder
         self._index = index
         self._config = config or RetrievalConfig()
+        self._second = (
+            SecondList(second, self._config.second_text, embeddings) if second is not None else None
+        )
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
         self._texts_loaded: set[int] = set()
@@ -250,11 +222,7 @@ class TurnMemory:
     @property
     def second_model(self) -> str | None:
         """The name stored with each vector of the second dense list (None: it has none)."""
-        if self._second is None:
-            return None
-        recipe = self._config.second_text
-        name = self._second.embedder.model_name
-        return name if recipe.is_raw else f"{name}#{recipe.tag()}"
+        return None if self._second is None else self._second.model
 
     @property
     def second_embedder(self) -> Embedder | None:
@@ -329,7 +297,7 @@ class TurnMemory:
         with (its dense pieces, `earlier` their context); in one call of the embedder
         (with the query's words, as `embed_query`) unless it embeds queries its own way.
         The second embedder, where there is one, makes the turn's second vector and the
-        query's (kept for the search that follows, `_second_query_vector`)."""
+        query's (kept for the search that follows: `SecondList.query_vector`)."""
         ordered = in_session_order([turn], earlier)
         position = [t.id for t in ordered].index(turn.id)
         own = dense_texts(self._config.dense_text, ordered)[position]
@@ -355,33 +323,14 @@ class TurnMemory:
     async def _embed_second_turns(
         self, turns: Sequence[Turn], ordered: list[Turn]
     ) -> np.ndarray | None:
-        """The second embedder's vectors of `turns` (`ordered`: them with their context,
-        in session order); None without a second embedder."""
+        """The second list's vectors of `turns`; None without a second list."""
         if self._second is None:
             return None
-        pieces = dense_texts(self._config.second_text, ordered)
-        by_id = {t.id: p for t, p in zip(ordered, pieces, strict=True)}
-        wanted = [by_id[t.id] for t in turns]
-        vectors = await self._second.embedder.embed([text for texts in wanted for text in texts])
-        return mean_of_pieces(vectors, [len(texts) for texts in wanted])
+        return await self._second.embed_turns(turns, ordered)
 
     async def _embed_second_query(self, query: str) -> None:
-        """Embed a (searched) query with the second embedder, unless its vector is kept."""
-        if self._second is None or query in self._second_queries:
-            return
-        embedder = self._second.embedder
-        if isinstance(embedder, QueryEmbedder):
-            vector = (await embedder.embed_queries([query]))[0]
-        else:
-            vector = (await embedder.embed([query]))[0]
-        self._second_queries[query] = vector
-        while len(self._second_queries) > SECOND_QUERY_CACHE:
-            self._second_queries.popitem(last=False)
-
-    async def _second_query_vector(self, query: str) -> np.ndarray:
-        await self._embed_second_query(query)
-        self._second_queries.move_to_end(query)
-        return self._second_queries[query]
+        if self._second is not None:
+            await self._second.embed_query(query)
 
     async def num_vectors(self) -> int:
         """Vectors in the open scopes of the turn index."""
@@ -433,7 +382,7 @@ class TurnMemory:
         await self._index.unload(user_pk)
         if self._second is not None:
             await self._second.index.unload(user_pk)
-        self._second_ready.discard(user_pk)
+            self._second.forget_user(user_pk)
         self._lexical.drop(user_pk)
         self._neighbours.drop(user_pk)
         self._texts_loaded.discard(user_pk)
@@ -462,12 +411,13 @@ class TurnMemory:
         missing, extra = sql_ids - have, have - sql_ids
         await self._index.remove(user_pk, extra)
         if missing:
-            await self._add_stored(
+            await add_stored(
                 self._index,
                 user_pk,
                 await self._embeddings.list_user_vectors(user_pk, self.vector_model, missing),
             )
-        await self._catch_up_second(user_pk, sql_ids)
+        if self._second is not None:
+            await self._second.catch_up(user_pk, sql_ids)
         num_texts = 0
         if self._needs_texts:
             texts_have = self._lexical.list_ids(user_pk)
@@ -492,44 +442,12 @@ class TurnMemory:
     async def _reconcile_vectors(self, user_pk: int) -> None:
         async def add(missing: set[int]) -> None:
             stored = await self._embeddings.list_user_vectors(user_pk, self.vector_model, missing)
-            await self._add_stored(self._index, user_pk, stored)
+            await add_stored(self._index, user_pk, stored)
 
         sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.vector_model)
         await reconcile(self._index, user_pk, sql_ids, add, event="index_scope_reconciled")
-        if self._second is None or self.second_model is None:
-            return
-        model = self.second_model
-
-        async def add_second(missing: set[int]) -> None:
-            stored = await self._embeddings.list_user_vectors(user_pk, model, missing)
-            assert self._second is not None
-            await self._add_stored(self._second.index, user_pk, stored)
-
-        second_ids = await self._embeddings.list_user_vector_ids(user_pk, model)
-        await reconcile(
-            self._second.index, user_pk, second_ids, add_second, event="index_scope_reconciled"
-        )
-        self._mark_second_ready(user_pk, sql_ids, second_ids)
-
-    async def _catch_up_second(self, user_pk: int, first_ids: set[int]) -> None:
-        """The second index of an open scope made to hold what SQL holds (as `_catch_up`)."""
-        if self._second is None or self.second_model is None:
-            return
-        model = self.second_model
-        sql_ids = await self._embeddings.list_user_vector_ids(user_pk, model)
-        have = await self._second.index.list_ids(user_pk)
-        await self._second.index.remove(user_pk, have - sql_ids)
-        if missing := sql_ids - have:
-            stored = await self._embeddings.list_user_vectors(user_pk, model, missing)
-            await self._add_stored(self._second.index, user_pk, stored)
-        self._mark_second_ready(user_pk, first_ids, sql_ids)
-
-    def _mark_second_ready(self, user_pk: int, first_ids: set[int], second_ids: set[int]) -> None:
-        """Search the user's second list only once it holds a vector of every turn."""
-        if first_ids <= second_ids:
-            self._second_ready.add(user_pk)
-        else:
-            self._second_ready.discard(user_pk)
+        if self._second is not None:
+            await self._second.open(user_pk, sql_ids)
 
     async def _load_texts(self, user_pk: int) -> None:
         """Open the user's lexical index and vocabulary: from their snapshot, caught up
@@ -627,13 +545,6 @@ class TurnMemory:
         if self._config.neighbours.is_enabled:
             self._neighbours.add(user_pk, [f"{t.content} {t.image_caption or ''}" for t in turns])
 
-    @staticmethod
-    async def _add_stored(index: VectorIndex, user_pk: int, stored: Sequence[StoredVector]) -> None:
-        if not stored:
-            return
-        matrix = np.stack([np.frombuffer(item.vector, dtype=np.float32) for item in stored])
-        await index.add(user_pk, [item.message_id for item in stored], matrix)
-
     async def _embed_turns(self, turns: Sequence[Turn], ordered: list[Turn]) -> np.ndarray:
         """One vector per turn: the normalised mean of its dense pieces' vectors."""
         pieces = dense_texts(self._config.dense_text, ordered)
@@ -680,11 +591,9 @@ class TurnMemory:
         stored = sets[0].vectors
         for user_pk in sorted({t.user_pk for t in turns}):
             await self.ensure_scope(user_pk)
-            await self._add_stored(
-                self._index, user_pk, [s for s in stored if s.user_pk == user_pk]
-            )
+            await add_stored(self._index, user_pk, [s for s in stored if s.user_pk == user_pk])
             if self._second is not None:
-                await self._add_stored(
+                await add_stored(
                     self._second.index, user_pk, [s for s in second if s.user_pk == user_pk]
                 )
             if self._needs_texts:
@@ -738,8 +647,8 @@ class TurnMemory:
             # An English-only model's similarity to a Chinese memory is noise.
             on_cjk = weight if config.dense_weight_cjk > 0 else 0.0
             sides.append(_Side(found, weight, on_cjk, self._index, vector))
-            if self._second is not None and query is not None and user_pk in self._second_ready:
-                second = await self._second_query_vector(query)
+            if self._second is not None and query is not None and self._second.is_ready(user_pk):
+                second = await self._second.query_vector(query)
                 found = await self._second.index.search(user_pk, second, fetch, exclude)
                 weight = config.second_weight_cjk if is_cjk else config.second_weight
                 sides.append(
@@ -824,7 +733,7 @@ class TurnMemory:
         await self._index.drop(user_pk)
         if self._second is not None:
             await self._second.index.drop(user_pk)
-        self._second_ready.discard(user_pk)
+            self._second.forget_user(user_pk)
         if self._snapshot_dir is not None:
             for path in self._snapshot_paths(user_pk):
                 path.unlink(missing_ok=True)
@@ -909,12 +818,7 @@ class TurnMemory:
         async with self._scope_locks.setdefault(user_pk, asyncio.Lock()):
             if not self._is_open(user_pk):
                 return
-            await self._add_stored(self._second.index, user_pk, stored)
-            self._mark_second_ready(
-                user_pk,
-                await self._index.list_ids(user_pk),
-                await self._second.index.list_ids(user_pk),
-            )
+            await self._second.took(user_pk, stored, await self._index.list_ids(user_pk))
             if version is not None and self._versions.get(user_pk) == version - 1:
                 self._versions[user_pk] = version
 
@@ -943,7 +847,7 @@ class TurnMemory:
         await self._index.drop_all()
         if self._second is not None:
             await self._second.index.drop_all()
-        self._second_ready.clear()
+            self._second.forget_all()
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
         self._texts_loaded.clear()

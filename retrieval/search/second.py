@@ -1,0 +1,132 @@
+"""The second dense list of turns: a multilingual model beside the first (English) one.
+
+Its vectors are stored in SQL under its own model name (the model, and the text recipe
+unless raw) and kept in a vector index of their own, scope by scope as the first list's.
+A turn indexed now gets both vectors in one SQL transaction; a store indexed before the
+second list was added is completed in the background (`retrieval.search.backfill`), and
+until every turn of a user holds the second vector, that user's searches leave the list
+out (`is_ready`): a search is then what it was before, never one over part of the turns.
+
+A query's second vector is kept by text for a while (the same text always gives the same
+vector): a turn embeds its message once, with its own vectors, and the search that
+follows finds it here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from retrieval.indexes.reconcile import reconcile
+from retrieval.protocols import Embedder, QueryEmbedder, VectorIndex
+from retrieval.search.indexed_text import TextRecipe, dense_texts, mean_of_pieces
+from storage.embeddings import EmbeddingRepository, StoredVector
+from storage.records import Turn
+
+# Query vectors kept, by the query's text.
+QUERY_CACHE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class SecondDense:
+    """What the second list is made of: its embedder and its index."""
+
+    embedder: Embedder
+    index: VectorIndex
+
+
+async def add_stored(index: VectorIndex, user_pk: int, stored: Sequence[StoredVector]) -> None:
+    if not stored:
+        return
+    matrix = np.stack([np.frombuffer(item.vector, dtype=np.float32) for item in stored])
+    await index.add(user_pk, [item.message_id for item in stored], matrix)
+
+
+class SecondList:
+    def __init__(
+        self, parts: SecondDense, recipe: TextRecipe, embeddings: EmbeddingRepository
+    ) -> None:
+        self.embedder = parts.embedder
+        self.index = parts.index
+        self._recipe = recipe
+        self._embeddings = embeddings
+        # Users whose open scope holds a second vector of every turn it holds.
+        self._ready: set[int] = set()
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    @property
+    def model(self) -> str:
+        """The name stored with each vector: the model, and the text recipe unless raw."""
+        name = self.embedder.model_name
+        return name if self._recipe.is_raw else f"{name}#{self._recipe.tag()}"
+
+    def is_ready(self, user_pk: int) -> bool:
+        return user_pk in self._ready
+
+    def forget_user(self, user_pk: int) -> None:
+        self._ready.discard(user_pk)
+
+    def forget_all(self) -> None:
+        self._ready.clear()
+
+    async def embed_turns(self, turns: Sequence[Turn], ordered: list[Turn]) -> np.ndarray:
+        """The vectors of `turns` (`ordered`: them with their context, in session order)."""
+        pieces = dense_texts(self._recipe, ordered)
+        by_id = {t.id: p for t, p in zip(ordered, pieces, strict=True)}
+        wanted = [by_id[t.id] for t in turns]
+        vectors = await self.embedder.embed([text for texts in wanted for text in texts])
+        return mean_of_pieces(vectors, [len(texts) for texts in wanted])
+
+    async def embed_query(self, query: str) -> None:
+        """Embed a (searched) query, unless its vector is kept."""
+        if query in self._queries:
+            return
+        if isinstance(self.embedder, QueryEmbedder):
+            vector = (await self.embedder.embed_queries([query]))[0]
+        else:
+            vector = (await self.embedder.embed([query]))[0]
+        self._queries[query] = vector
+        while len(self._queries) > QUERY_CACHE:
+            self._queries.popitem(last=False)
+
+    async def query_vector(self, query: str) -> np.ndarray:
+        await self.embed_query(query)
+        self._queries.move_to_end(query)
+        return self._queries[query]
+
+    async def open(self, user_pk: int, first_ids: set[int]) -> None:
+        """Load the user's scope and make it hold what SQL holds (`reconcile`)."""
+
+        async def add(missing: set[int]) -> None:
+            stored = await self._embeddings.list_user_vectors(user_pk, self.model, missing)
+            await add_stored(self.index, user_pk, stored)
+
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.model)
+        await reconcile(self.index, user_pk, sql_ids, add, event="index_scope_reconciled")
+        self._mark(user_pk, first_ids, sql_ids)
+
+    async def catch_up(self, user_pk: int, first_ids: set[int]) -> None:
+        """An open scope made to hold what SQL holds (what other processes stored or
+        deleted since), its vectors read from SQL."""
+        sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.model)
+        have = await self.index.list_ids(user_pk)
+        await self.index.remove(user_pk, have - sql_ids)
+        if missing := sql_ids - have:
+            stored = await self._embeddings.list_user_vectors(user_pk, self.model, missing)
+            await add_stored(self.index, user_pk, stored)
+        self._mark(user_pk, first_ids, sql_ids)
+
+    async def took(self, user_pk: int, stored: Sequence[StoredVector], first_ids: set[int]) -> None:
+        """An open scope given the vectors just stored for it."""
+        await add_stored(self.index, user_pk, stored)
+        self._mark(user_pk, first_ids, await self.index.list_ids(user_pk))
+
+    def _mark(self, user_pk: int, first_ids: set[int], second_ids: set[int]) -> None:
+        """Search the user's list only once it holds a vector of every turn."""
+        if first_ids <= second_ids:
+            self._ready.add(user_pk)
+        else:
+            self._ready.discard(user_pk)
