@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +48,11 @@ class TextRecipe:
     @property
     def is_raw(self) -> bool:
         return self == TextRecipe()
+
+    def stored_name(self, model_name: str) -> str:
+        """The name stored with each vector of this recipe: the model's, and the recipe's
+        tag unless raw (vectors of another recipe are refused, as another model's)."""
+        return model_name if self.is_raw else f"{model_name}#{self.tag()}"
 
     def tag(self) -> str:
         """A stable name of the recipe; 'raw' is the turn's content alone."""
@@ -167,3 +172,18 @@ def mean_of_pieces(vectors: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     means = np.add.reduceat(vectors, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
     norms = np.linalg.norm(means, axis=1, keepdims=True)
     return (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
+async def embed_turns(
+    embed: Callable[[list[str]], Awaitable[np.ndarray]],
+    recipe: TextRecipe,
+    turns: Sequence[Turn],
+    ordered: list[Turn],
+) -> np.ndarray:
+    """One vector per turn of `turns` (`ordered`: them with their context, in session
+    order): the normalised mean of the vectors of its dense pieces, all in one call."""
+    pieces = dense_texts(recipe, ordered)
+    by_id = {t.id: p for t, p in zip(ordered, pieces, strict=True)}
+    wanted = [by_id[t.id] for t in turns]
+    vectors = await embed([text for texts in wanted for text in texts])
+    return mean_of_pieces(vectors, [len(texts) for texts in wanted])

@@ -40,7 +40,13 @@ from retrieval.search.fusion import (
     reciprocal_rank_fusion,
     standardised_fusion,
 )
-from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts, mean_of_pieces
+from retrieval.search.indexed_text import (
+    TextRecipe,
+    dense_texts,
+    embed_turns,
+    indexed_parts,
+    mean_of_pieces,
+)
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
 from retrieval.search.second import SecondDense, SecondList, add_stored
 from retrieval.text import is_mostly_cjk
@@ -215,9 +221,7 @@ class TurnMemory:
     @property
     def vector_model(self) -> str:
         """The name stored with each vector: the model, and the text recipe unless raw."""
-        recipe = self._config.dense_text
-        name = self._embedder.model_name
-        return name if recipe.is_raw else f"{name}#{recipe.tag()}"
+        return self._config.dense_text.stored_name(self._embedder.model_name)
 
     @property
     def second_model(self) -> str | None:
@@ -246,8 +250,8 @@ class TurnMemory:
         another model are those of a second list (completed in the background where it
         is configured, unused where it is not)."""
         wanted = {self.vector_model: self._embedder.dimension}
-        if self._second is not None and self.second_model is not None:
-            wanted[self.second_model] = self._second.embedder.dimension
+        if self._second is not None:
+            wanted[self._second.model] = self._second.embedder.dimension
         configured = " and ".join(f"{model!r} (dimension {dim})" for model, dim in wanted.items())
         stored = await self._embeddings.list_embedding_models()
         wrong = [(m, d) for m, d in stored if m in wanted and d != wanted[m]]
@@ -301,32 +305,22 @@ class TurnMemory:
         ordered = in_session_order([turn], earlier)
         position = [t.id for t in ordered].index(turn.id)
         own = dense_texts(self._config.dense_text, ordered)[position]
-        if query is not None and not isinstance(self._embedder, QueryEmbedder):
-            query = searched_text(query)
-            words = self._neighbours.words_to_embed(turn.user_pk, query)
-            # One after the other: run at once, the models' threads only contend for the
-            # cores (bench/RESULTS.md).
-            vectors = await self.embed([query, *words, *own])
-            second = await self._embed_second_turns([turn], ordered)
-            await self._embed_second_query(query)
-            self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
-            first = mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
-            return vectors[0], TurnVectors(first, second[0] if second is not None else None)
-        second = await self._embed_second_turns([turn], ordered)
-        if query is not None:
-            asked = await self.embed_query(turn.user_pk, query)
+        # The models one after the other: run at once, their threads only contend for the
+        # cores (bench/RESULTS.md).
+        second = None
+        if self._second is not None:
+            second = (await self._second.embed_turns([turn], ordered))[0]
+        if query is None or isinstance(self._embedder, QueryEmbedder):
+            asked = None if query is None else await self.embed_query(turn.user_pk, query)
             first = mean_of_pieces(await self.embed(own), [len(own)])[0]
-            return asked, TurnVectors(first, second[0] if second is not None else None)
-        first = mean_of_pieces(await self.embed(own), [len(own)])[0]
-        return None, TurnVectors(first, second[0] if second is not None else None)
-
-    async def _embed_second_turns(
-        self, turns: Sequence[Turn], ordered: list[Turn]
-    ) -> np.ndarray | None:
-        """The second list's vectors of `turns`; None without a second list."""
-        if self._second is None:
-            return None
-        return await self._second.embed_turns(turns, ordered)
+            return asked, TurnVectors(first, second)
+        query = searched_text(query)
+        words = self._neighbours.words_to_embed(turn.user_pk, query)
+        vectors = await self.embed([query, *words, *own])
+        await self._embed_second_query(query)
+        self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
+        first = mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
+        return vectors[0], TurnVectors(first, second)
 
     async def _embed_second_query(self, query: str) -> None:
         if self._second is not None:
@@ -547,11 +541,7 @@ class TurnMemory:
 
     async def _embed_turns(self, turns: Sequence[Turn], ordered: list[Turn]) -> np.ndarray:
         """One vector per turn: the normalised mean of its dense pieces' vectors."""
-        pieces = dense_texts(self._config.dense_text, ordered)
-        by_id = {t.id: p for t, p in zip(ordered, pieces, strict=True)}
-        wanted = [by_id[t.id] for t in turns]
-        vectors = await self.embed([text for texts in wanted for text in texts])
-        return mean_of_pieces(vectors, [len(texts) for texts in wanted])
+        return await embed_turns(self.embed, self._config.dense_text, turns, ordered)
 
     async def index(
         self,
@@ -579,14 +569,13 @@ class TurnMemory:
         )
         sets = [VectorSet(self.vector_model, self._embedder.dimension, _stored(turns, matrix))]
         second: list[StoredVector] = []
-        if self._second is not None and self.second_model is not None:
+        if self._second is not None:
             if given and all(v.second is not None for v in given):
-                second_matrix: np.ndarray | None = np.asarray([v.second for v in given])
+                second_matrix = np.asarray([v.second for v in given])
             else:
-                second_matrix = await self._embed_second_turns(turns, ordered)
-            assert second_matrix is not None
+                second_matrix = await self._second.embed_turns(turns, ordered)
             second = _stored(turns, second_matrix)
-            sets.append(VectorSet(self.second_model, self._second.embedder.dimension, second))
+            sets.append(VectorSet(self._second.model, self._second.embedder.dimension, second))
         versions = await self._embeddings.save_embeddings(sets, replace=not fresh)
         stored = sets[0].vectors
         for user_pk in sorted({t.user_pk for t in turns}):
@@ -682,7 +671,11 @@ class TurnMemory:
         (the lexical side from the scores its ranking came from), weighed by the
         language of the memory where a side's weight depends on it."""
         candidates = {hit.id for side in sides for hit in side.ranking}
-        in_cjk = {i for i in candidates if self._lexical.is_mostly_cjk(user_pk, i)}
+        # A memory's language is read only where some side's weight depends on it (not
+        # for a Chinese query, whose weights are those of a Chinese memory already).
+        in_cjk: set[int] = set()
+        if any(side.weight_cjk != side.weight for side in sides):
+            in_cjk = {i for i in candidates if self._lexical.is_mostly_cjk(user_pk, i)}
         exact: list[Mapping[int, float]] = []
         weights: list[float | Mapping[int, float]] = []
         for side in sides:
@@ -782,9 +775,9 @@ class TurnMemory:
         `hold(user_pk)` claims a user's turns (False: another process is embedding them,
         they are left to it), so that no turn is embedded twice. Returns how many turns
         this call embedded; `on_progress` is told each batch's size."""
-        if self._second is None or self.second_model is None:
+        if self._second is None:
             return 0
-        first, second = self.vector_model, self.second_model
+        first, second = self.vector_model, self._second.model
         dimension = self._second.embedder.dimension
         num_embedded = 0
         for user_pk in await self._messages.list_users_lacking_second_vector(first, second):
@@ -795,9 +788,7 @@ class TurnMemory:
                     first, second, REPAIR_BATCH_SIZE, user_pk=user_pk
                 ):
                     ordered = in_session_order(batch, await self._earlier(batch))
-                    vectors = await self._embed_second_turns(batch, ordered)
-                    assert vectors is not None
-                    stored = _stored(batch, vectors)
+                    stored = _stored(batch, await self._second.embed_turns(batch, ordered))
                     versions = await self._embeddings.save_embeddings(
                         [VectorSet(second, dimension, stored)], replace=False
                     )

@@ -22,7 +22,7 @@ import numpy as np
 
 from retrieval.indexes.reconcile import reconcile
 from retrieval.protocols import Embedder, QueryEmbedder, VectorIndex
-from retrieval.search.indexed_text import TextRecipe, dense_texts, mean_of_pieces
+from retrieval.search.indexed_text import TextRecipe, embed_turns
 from storage.embeddings import EmbeddingRepository, StoredVector
 from storage.records import Turn
 
@@ -60,8 +60,7 @@ class SecondList:
     @property
     def model(self) -> str:
         """The name stored with each vector: the model, and the text recipe unless raw."""
-        name = self.embedder.model_name
-        return name if self._recipe.is_raw else f"{name}#{self._recipe.tag()}"
+        return self._recipe.stored_name(self.embedder.model_name)
 
     def is_ready(self, user_pk: int) -> bool:
         return user_pk in self._ready
@@ -74,11 +73,7 @@ class SecondList:
 
     async def embed_turns(self, turns: Sequence[Turn], ordered: list[Turn]) -> np.ndarray:
         """The vectors of `turns` (`ordered`: them with their context, in session order)."""
-        pieces = dense_texts(self._recipe, ordered)
-        by_id = {t.id: p for t, p in zip(ordered, pieces, strict=True)}
-        wanted = [by_id[t.id] for t in turns]
-        vectors = await self.embedder.embed([text for texts in wanted for text in texts])
-        return mean_of_pieces(vectors, [len(texts) for texts in wanted])
+        return await embed_turns(self.embedder.embed, self._recipe, turns, ordered)
 
     async def embed_query(self, query: str) -> None:
         """Embed a (searched) query, unless its vector is kept."""
