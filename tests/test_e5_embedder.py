@@ -28,9 +28,10 @@ from retrieval.embedders.e5 import (
     PASSAGE_PREFIX,
     QUERY_PREFIX,
     E5Embedder,
+    E5Tokenizer,
     default_model_path,
 )
-from retrieval.embedders.e5_weights import E5ModelFile, dequantize_q4, file_digest
+from retrieval.embedders.e5_weights import E5ModelFile, Vocabulary, dequantize_q4, file_digest
 from retrieval.protocols import QueryEmbedder
 
 DATA = Path(
@@ -47,6 +48,9 @@ EDGE_CASES = [
     "a\tb\nc\r\nd\x07e\u200bf",
     "e\u0301 café ▁x",
     "我姐姐住在成都。where does my sister live?",
+    "Привет, мир! Моя сестра живёт в Чэнду.",
+    "こんにちは、東京タワーへ行きました。",
+    "안녕하세요 서울 مرحبا بالعالم",
 ]
 SHIM = """#include "e5.c"
 int e5_tokenize(e5_model *m, const char *text, int *out, int cap) {
@@ -152,17 +156,39 @@ def test_the_model_file_describes_multilingual_e5_small() -> None:
 
 @pytest.mark.model
 def test_token_ids_are_the_engines_on_english_and_chinese(
-    e5: E5Embedder, engine_tokenizer: EngineTokenizer
+    engine_tokenizer: EngineTokenizer,
 ) -> None:
     english, chinese = read_corpus()
     texts = [
         prefix + text for text in english + chinese for prefix in (QUERY_PREFIX, PASSAGE_PREFIX)
     ]
     assert len(english) >= 1000 and len(chinese) >= 1000
-    ours = e5.token_ids(texts)
+    tokenizer = E5Tokenizer(E5ModelFile(default_model_path()).vocabulary, unexpected_load)
+    ours = tokenizer.encode_batch(texts)
     differing = [t for t, ids in zip(texts, ours, strict=True) if ids != engine_tokenizer.ids(t)]
     assert differing == []
     assert sum(len(ids) for ids in ours) > 100_000
+    # English and Chinese are segmented without the full vocabulary (a third the memory).
+    assert not tokenizer.full_vocabulary_loaded
+
+
+def unexpected_load() -> Vocabulary:
+    raise AssertionError("the full vocabulary was loaded for a text in the common scripts")
+
+
+@pytest.mark.model
+def test_other_scripts_load_the_full_vocabulary_once(engine_tokenizer: EngineTokenizer) -> None:
+    loads: list[int] = []
+
+    def load() -> Vocabulary:
+        loads.append(1)
+        return E5ModelFile(default_model_path()).vocabulary
+
+    tokenizer = E5Tokenizer(E5ModelFile(default_model_path()).vocabulary, load)
+    texts = ["my sister lives in Chengdu", "Моя сестра живёт в Чэнду", "我姐姐住在成都", "서울"]
+    assert tokenizer.encode_batch(texts) == [engine_tokenizer.ids(t) for t in texts]
+    assert tokenizer.encode_batch(texts[1:2]) == [engine_tokenizer.ids(texts[1])]
+    assert loads == [1] and tokenizer.full_vocabulary_loaded
 
 
 @pytest.mark.model

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,33 +85,109 @@ def default_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "e5-small-q4.bin"
 
 
+# The scripts most texts here are written in: Latin, punctuation, symbols and emoji
+# (`▁` among them), and Chinese (CJK symbols, Han, full- and halfwidth forms). A text of
+# these characters alone can only match pieces made of them (128,738 of the 250,002),
+# so it is segmented by a tokenizer of those pieces (104 MiB against 257 for all of
+# them); any other text by the full vocabulary, built on first need.
+_COMMON_SCRIPTS = (
+    (0x0000, 0x024F),
+    (0x2000, 0x214F),
+    (0x2190, 0x2BFF),
+    (0x3000, 0x303F),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xF900, 0xFAFF),
+    (0xFE00, 0xFE0F),
+    (0xFF00, 0xFFEF),
+    (0x1F000, 0x1FAFF),
+    (0x20000, 0x2FA1F),
+)
+_UNCOMMON = re.compile(
+    "[^" + "".join(f"\\U{first:08x}-\\U{last:08x}" for first, last in _COMMON_SCRIPTS) + "]"
+)
+
+
+def _unigram(pieces: list[tuple[str, float]], unk_id: int) -> Any:
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import Unigram
+
+    tokenizer = Tokenizer(Unigram(pieces, unk_id=unk_id, byte_fallback=False))
+    tokenizer.normalizer = normalizers.Replace(Regex(" {2,}"), " ")
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=METASPACE, prepend_scheme="always", split=False
+    )
+    return tokenizer
+
+
 class E5Tokenizer:
-    """The engine's token ids for texts, without `<s>` and `</s>`."""
+    """The engine's token ids for texts, without `<s>` and `</s>`.
 
-    def __init__(self, vocabulary: Vocabulary) -> None:
-        from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
-        from tokenizers.models import Unigram
+    Two `tokenizers` Unigram models give them: one of the pieces written in the common
+    scripts (`_COMMON_SCRIPTS`) for texts written in those alone, and one of every
+    piece, built from `load_vocabulary()` the first time another text comes. Both give
+    the engine's ids: a piece with a character outside a text never matches it, and the
+    smaller model keeps the lowest score of all pieces (the unknown piece's score is
+    derived from it)."""
 
-        pieces = [
-            (piece, float(score))
-            for piece, score in zip(vocabulary.pieces, vocabulary.scores, strict=True)
-        ]
-        pieces[vocabulary.unk_id] = (_UNMATCHABLE, pieces[vocabulary.unk_id][1])
-        tokenizer = Tokenizer(Unigram(pieces, unk_id=vocabulary.unk_id, byte_fallback=False))
-        tokenizer.normalizer = normalizers.Replace(Regex(" {2,}"), " ")
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement=METASPACE, prepend_scheme="always", split=False
-        )
-        self._tokenizer = tokenizer
+    def __init__(self, vocabulary: Vocabulary, load_vocabulary: Callable[[], Vocabulary]) -> None:
+        pieces = self._pieces(vocabulary)
+        common = [i for i, (piece, _) in enumerate(pieces) if not _UNCOMMON.search(piece)]
+        lowest = int(np.argmin(vocabulary.scores))
+        common_pieces = [pieces[i] for i in common]
+        if lowest not in common:
+            # Its score, kept under a text no mapped text contains.
+            common_pieces.append((_UNMATCHABLE + "\x01", pieces[lowest][1]))
+            common.append(lowest)
+        self._common = _unigram(common_pieces, common.index(vocabulary.unk_id))
+        self._common_ids = np.asarray(common, dtype=np.int64)
+        self._load_vocabulary = load_vocabulary
+        self._full: Any = None
+        self._full_lock = threading.Lock()
         self._table = dict(vocabulary.character_map)
         self._unk_id = vocabulary.unk_id
         # The engine segments an empty text as a lone `▁`.
         self._empty = [vocabulary.pieces.index(METASPACE)]
 
+    @property
+    def full_vocabulary_loaded(self) -> bool:
+        return self._full is not None
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         mapped = [text.translate(self._table) for text in texts]
-        encodings = self._tokenizer.encode_batch(mapped, add_special_tokens=False)
-        return [self._one_unknown_per_character(e.ids, e.offsets) or self._empty for e in encodings]
+        out: list[list[int]] = [[] for _ in mapped]
+        common = [i for i, text in enumerate(mapped) if not _UNCOMMON.search(text)]
+        if common:
+            encodings = self._common.encode_batch(
+                [mapped[i] for i in common], add_special_tokens=False
+            )
+            for i, encoding in zip(common, encodings, strict=True):
+                ids = self._common_ids[encoding.ids].tolist()
+                out[i] = self._one_unknown_per_character(ids, encoding.offsets)
+        if len(common) < len(mapped):
+            others = sorted(set(range(len(mapped))) - set(common))
+            encodings = self._full_tokenizer().encode_batch(
+                [mapped[i] for i in others], add_special_tokens=False
+            )
+            for i, encoding in zip(others, encodings, strict=True):
+                out[i] = self._one_unknown_per_character(encoding.ids, encoding.offsets)
+        return [ids or self._empty for ids in out]
+
+    def _full_tokenizer(self) -> Any:
+        with self._full_lock:
+            if self._full is None:
+                vocabulary = self._load_vocabulary()
+                self._full = _unigram(self._pieces(vocabulary), vocabulary.unk_id)
+            return self._full
+
+    @staticmethod
+    def _pieces(vocabulary: Vocabulary) -> list[tuple[str, float]]:
+        pieces = [
+            (piece, float(score))
+            for piece, score in zip(vocabulary.pieces, vocabulary.scores, strict=True)
+        ]
+        pieces[vocabulary.unk_id] = (_UNMATCHABLE, pieces[vocabulary.unk_id][1])
+        return pieces
 
     def _one_unknown_per_character(
         self, ids: Sequence[int], offsets: Sequence[tuple[int, int]]
@@ -174,7 +251,7 @@ class E5Embedder:
         path = model_path or default_model_path()
         model_file = E5ModelFile(path)
         vocabulary = model_file.vocabulary
-        self._tokenizer = E5Tokenizer(vocabulary)
+        self._tokenizer = E5Tokenizer(vocabulary, lambda: E5ModelFile(path).vocabulary)
         self._bos_id, self._eos_id = vocabulary.bos_id, vocabulary.eos_id
         self._window = model_file.architecture.max_positions - 2
         self._dimension = model_file.architecture.hidden_size
