@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.embedders.onnx import BULK_MIN_TEXTS, OnnxEmbedder
+from retrieval.embedders.onnx import BULK_MIN_TEXTS, OnnxEmbedder, length_batches
 from retrieval.embedders.sentence_transformers import (
     SentenceTransformerEmbedder,
     default_model_path,
@@ -111,3 +111,12 @@ def test_bf16_path_is_not_for_int8(onnx_cache_dir: Path) -> None:
         OnnxEmbedder(
             default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir, int8=True, bf16_bulk=True
         )
+
+
+def test_length_batches_group_similar_lengths_under_a_token_budget() -> None:
+    lengths = [5, 1, 300, 2, 300, 300]
+    batches = length_batches(lengths, max_rows=4, max_tokens=600)
+    assert [b.tolist() for b in batches] == [[1, 3, 0], [2, 4], [5]]
+    # A row longer than the budget still goes, alone; no budget: rows only.
+    assert [b.tolist() for b in length_batches([900, 10], 4, 600)] == [[1], [0]]
+    assert [b.tolist() for b in length_batches(lengths, 4, None)] == [[1, 3, 0, 2], [4, 5]]

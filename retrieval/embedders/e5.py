@@ -43,11 +43,14 @@ import numpy as np
 from retrieval.embedders.bf16 import Bf16Transformer
 from retrieval.embedders.e5_weights import LAYER_TENSORS, E5ModelFile, Vocabulary, file_digest
 from retrieval.embedders.onnx import (
+    BULK_MIN_TEXTS,
     OnnxHiddenState,
     export_model_onnx,
+    length_batches,
     mean_pool,
     pad_rows,
     pick_hidden_state,
+    release_freed_memory,
 )
 
 DEFAULT_MODEL_NAME = "multilingual-e5-small-q4-fp32"
@@ -308,16 +311,16 @@ class E5Embedder:
         if not texts:
             return np.zeros((0, self._dimension), dtype=np.float32)
         rows, owners, weights = self._windows(self._tokenizer.encode_batch(texts))
-        hidden_state, batch_size = pick_hidden_state(
+        hidden_state, batch_size, batch_tokens = pick_hidden_state(
             len(rows), self._onnx_hidden_state, self.bulk, self._batch_size
         )
-        # Rows of similar length waste little on padding; the order is restored after.
-        order = np.argsort([len(row) for row in rows], kind="stable")
         pooled = np.empty((len(rows), self._dimension), dtype=np.float32)
-        for start in range(0, len(rows), batch_size):
-            chosen = order[start : start + batch_size]
+        # Rows of similar length waste little on padding; the order is restored after.
+        for chosen in length_batches([len(row) for row in rows], batch_size, batch_tokens):
             ids, mask, types = pad_rows([rows[i] for i in chosen])
             pooled[chosen] = mean_pool(hidden_state(ids, mask, types), mask)
+        if len(rows) >= BULK_MIN_TEXTS:
+            release_freed_memory()
         out = np.zeros((len(texts), self._dimension), dtype=np.float32)
         np.add.at(out, owners, pooled * weights[:, None])
         norms = np.linalg.norm(out, axis=1, keepdims=True)

@@ -41,6 +41,14 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # From this many texts in one call, the bfloat16 path (where enabled) is faster: 8 texts
 # 8.4 against 14.2 ms on two cores with AMX; 4 texts about the same.
 BULK_MIN_TEXTS = 8
+# ONNX Runtime's buffers for one pass grow with rows x tokens (attention: with tokens
+# squared): a pass holds at most this many tokens, so that long texts go in smaller
+# batches and the buffers kept for the next call stay small. Short texts (LoCoMo's
+# turns, about 30 tokens) still go 64 a pass.
+ONNX_BATCH_TOKENS = 8192
+# After a pass of at least this many tokens, ONNX Runtime's arena gives back what it no
+# longer uses (a single query's pass, far smaller, keeps its buffers: no cost per turn).
+SHRINK_AFTER_TOKENS = 4096
 
 HiddenState = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -183,6 +191,8 @@ class OnnxHiddenState:
         self._session = onnxruntime.InferenceSession(
             str(onnx_path), options, providers=["CPUExecutionProvider"]
         )
+        self._shrink = onnxruntime.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> Any:
         first = (
@@ -191,20 +201,68 @@ class OnnxHiddenState:
             else {"input_ids": ids}
         )
         (hidden,) = self._session.run(
-            ["last_hidden_state"], {**first, "attention_mask": mask, "token_type_ids": types}
+            ["last_hidden_state"],
+            {**first, "attention_mask": mask, "token_type_ids": types},
+            self._shrink if ids.size >= SHRINK_AFTER_TOKENS else None,
         )
         return hidden
 
 
 def pick_hidden_state(
     num_rows: int, onnx: HiddenState, bulk: Bf16Transformer | None, batch_size: int
-) -> tuple[HiddenState, int]:
-    """The model for a call of `num_rows` sequences and its rows per pass: bfloat16 from
-    `BULK_MIN_TEXTS` rows once it is loaded (the first such call starts loading it),
-    ONNX Runtime otherwise."""
+) -> tuple[HiddenState, int, int | None]:
+    """The model for a call of `num_rows` sequences, its rows per pass and its tokens
+    per pass (None: no limit): bfloat16 from `BULK_MIN_TEXTS` rows once it is loaded
+    (the first such call starts loading it), ONNX Runtime otherwise."""
     if bulk is not None and num_rows >= BULK_MIN_TEXTS and bulk.ready():
-        return bulk, BULK_BATCH_SIZE
-    return onnx, batch_size
+        return bulk, BULK_BATCH_SIZE, None
+    return onnx, batch_size, ONNX_BATCH_TOKENS
+
+
+def length_batches(
+    lengths: Sequence[int], max_rows: int, max_tokens: int | None
+) -> list[np.ndarray]:
+    """Positions of `lengths` in batches of similar length (little padding): at most
+    `max_rows` rows, and at most `max_tokens` tokens once padded (a longer row alone)."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    batches: list[np.ndarray] = []
+    start = 0
+    while start < len(order):
+        end = min(start + max_rows, len(order))
+        if max_tokens is not None:
+            # Rows go by growing length: the batch's padded size is its last row's.
+            while end - start > 1 and (end - start) * lengths[order[end - 1]] > max_tokens:
+                end -= 1
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def release_freed_memory() -> None:
+    """Give the C allocator's free pages back to the system (glibc's `malloc_trim`).
+
+    After a large call, the buffers that ONNX Runtime and the tokenizer freed stay in
+    glibc's per-thread heaps, counted in the process's resident memory; trimming after
+    each bulk call keeps a service that imports history near its idle size. Does
+    nothing where the C library has no `malloc_trim`."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    return trim
+
+
+_malloc_trim = _find_malloc_trim()
 
 
 def pad_rows(
@@ -266,7 +324,9 @@ class OnnxEmbedder:
         self._model_name = model_name
         self._batch_size = batch_size
         self.bulk = Bf16Transformer(model_path, num_threads=num_threads) if bf16_bulk else None
-        probe = self._encode_batch(["dimension probe"], self._onnx_hidden_state)
+        probe = self._encode_batch(
+            self._tokenizer.encode_batch(["dimension probe"]), self._onnx_hidden_state
+        )
         self._dimension = int(probe.shape[1])
 
     @property
@@ -284,19 +344,19 @@ class OnnxEmbedder:
     def embed_now(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self._dimension), dtype=np.float32)
-        hidden_state, batch_size = pick_hidden_state(
+        hidden_state, batch_size, batch_tokens = pick_hidden_state(
             len(texts), self._onnx_hidden_state, self.bulk, self._batch_size
         )
-        # Batches of similar length waste little on padding; the order is restored after.
-        order = np.argsort([len(t) for t in texts], kind="stable")
+        encodings = self._tokenizer.encode_batch(list(texts))
         out = np.empty((len(texts), self._dimension), dtype=np.float32)
-        for start in range(0, len(texts), batch_size):
-            chosen = order[start : start + batch_size]
-            out[chosen] = self._encode_batch([texts[i] for i in chosen], hidden_state)
+        # Batches of similar length waste little on padding; the order is restored after.
+        for chosen in length_batches([len(e.ids) for e in encodings], batch_size, batch_tokens):
+            out[chosen] = self._encode_batch([encodings[i] for i in chosen], hidden_state)
+        if len(texts) >= BULK_MIN_TEXTS:
+            release_freed_memory()
         return out
 
-    def _encode_batch(self, texts: list[str], hidden_state: HiddenState) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(texts)
+    def _encode_batch(self, encodings: list[Any], hidden_state: HiddenState) -> np.ndarray:
         ids, mask, types = pad_rows([e.ids for e in encodings], [e.type_ids for e in encodings])
         hidden = hidden_state(ids, mask, types)
         pooled = hidden[:, 0] if self._pooling == "cls" else mean_pool(hidden, mask)
