@@ -77,6 +77,7 @@ def create_app(
             second_embedder=second_embedder,
             engine=engine,
             on_turn=service_metrics.observe_turn,
+            on_import=service_metrics.count_import,
         )
         try:
             local_mode = await check_local_mode(

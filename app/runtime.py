@@ -235,9 +235,11 @@ async def build_runtime(
     second_embedder: Embedder | None = None,
     engine: Engine | None = None,
     on_turn: Callable[[TurnResult], None] | None = None,
+    on_import: Callable[[int, int], None] | None = None,
 ) -> Runtime:
     """`embedder`, where given, replaces the embedders of the settings: the turns' second
-    dense list is then `second_embedder`'s (None: no second list)."""
+    dense list is then `second_embedder`'s (None: no second list). `on_turn` is told every
+    finished chat turn, `on_import` every history import's (imported, skipped) counts."""
     db = Database.open(settings.resolved_database_url(), timeout_s=settings.database_timeout_s)
     await check_schema(db)
     repositories = Repositories.of(db)
@@ -320,6 +322,7 @@ async def build_runtime(
         locks,
         config,
         on_new_messages=notify,
+        on_import=on_import,
     )
     if worker is not None:
         await worker.start()

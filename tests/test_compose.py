@@ -40,7 +40,8 @@ def test_the_validator_rejects_what_the_specification_forbids() -> None:
 def test_topology_gpu_and_cpu_profiles_and_migrations_first() -> None:
     services = compose()["services"]
     assert set(services) == {
-        "postgres", "chroma", "migrate", "vllm", "app", "app-cpu", "balancer", "balancer-cpu"
+        "postgres", "chroma", "migrate", "vllm", "app", "app-cpu", "balancer", "balancer-cpu",
+        "prometheus", "grafana",
     }  # fmt: skip
     vllm = services["vllm"]
     assert vllm["profiles"] == ["gpu"] and vllm["ipc"] == "host"
@@ -74,7 +75,8 @@ def test_two_api_replicas_behind_the_balancer_share_the_vectors_in_chroma() -> N
         assert front["environment"] == {"MEMCHAT_APP_SERVICE": app}
         assert front["depends_on"] == {app: {"condition": "service_started"}}
     published = sorted(name for name, service in services.items() if "ports" in service)
-    assert published == ["balancer", "balancer-cpu"]
+    # And Grafana, on the host's loopback too (tests/test_dashboard.py).
+    assert published == ["balancer", "balancer-cpu", "grafana"]
 
 
 def test_the_balancer_config_balances_the_app_service_on_its_readiness() -> None:

@@ -1,17 +1,22 @@
 """Metrics, request ids, request logs and readiness, over HTTP, with fake models.
 
 Each chat turn shows once in every stage histogram, its context sections in the token
-histograms with their exact counts; requests are counted by route template ('unmatched'
-when no route matched); every response carries a request id, the client's when valid.
+histograms with their exact counts, its memories by kind; history imports count their
+messages; the engine queue shows the turns in flight; requests are counted by route
+template ('unmatched' when no route matched); every response carries a request id, the
+client's when valid.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 import structlog
 from litestar.testing import AsyncTestClient
@@ -19,12 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.cli import configure_logging
 from app.factory import create_app
-from app.observability.metrics import SECTIONS, STAGES, ServiceMetrics
+from app.observability.metrics import MEMORY_KINDS, SECTIONS, STAGES, ServiceMetrics
 from app.settings import Settings
 from retrieval.errors import EngineError, IndexUnavailableError
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
-from tests.live import free_port
+from tests.live import free_port, live_server
 from tests.test_api_sessions import create_session
 
 MESSAGES = "/v1/sessions/{session_id}/messages"
@@ -90,6 +95,9 @@ async def test_a_chat_turn_shows_in_every_stage_and_section_histogram(
             value(samples, "memchat_context_tokens_sum", section=section)
             == turn["context"]["tokens"][section]
         ), section
+    for kind in MEMORY_KINDS:
+        assert value(samples, "memchat_turn_memories_count", kind=kind) == 1, kind
+        assert value(samples, "memchat_turn_memories_sum", kind=kind) == 0, kind
     # A session's first prompt has no previous one to share a prefix with.
     assert value(samples, "memchat_prefix_reuse_ratio_count") == 0
     usage = turn["usage"]
@@ -115,6 +123,72 @@ async def test_the_second_turn_reports_its_prefix_reuse(client: AsyncTestClient)
         reuse / second["context"]["prompt_tokens"]
     )
     assert value(samples, "memchat_index_vectors", index="turns") == 4
+
+
+async def test_memories_per_turn_count_what_the_prompt_carried(client: AsyncTestClient) -> None:
+    first = await create_session(client)
+    await chat(client, first["id"], "I am allergic to peanuts")
+    # Another session of the same user: the first session's turns are memories here.
+    second = await create_session(client)
+    turn = await chat(client, second["id"], "Am I allergic to peanuts?")
+    assert len(turn["context"]["memories"]) == 2
+
+    samples = await scrape(client)
+    assert value(samples, "memchat_turn_memories_count", kind="turn") == 2
+    assert value(samples, "memchat_turn_memories_sum", kind="turn") == 2
+    assert value(samples, "memchat_turn_memories_sum", kind="knowledge") == 0
+    assert value(samples, "memchat_turn_memories_sum", kind="fact") == len(
+        turn["context"]["pinned_facts"]
+    )
+
+
+async def test_history_imports_count_imported_and_skipped_messages(
+    client: AsyncTestClient,
+) -> None:
+    session = await create_session(client)
+    messages = [
+        {"role": "user", "content": "I live in Lisbon", "external_id": "m1"},
+        {"role": "assistant", "content": "Noted.", "external_id": "m2"},
+    ]
+    path = f"/v1/sessions/{session['id']}/history"
+    before = await scrape(client)
+    assert value(before, "memchat_imported_messages_total", outcome="imported") == 0
+    first = await client.post(path, json={"messages": messages})
+    assert first.json() == {"imported": 2, "skipped": 0}
+    again = [*messages, {"role": "user", "content": "And in Porto", "external_id": "m3"}]
+    second = await client.post(path, json={"messages": again})
+    assert second.json() == {"imported": 1, "skipped": 2}
+
+    samples = await scrape(client)
+    assert value(samples, "memchat_imported_messages_total", outcome="imported") == 3
+    assert value(samples, "memchat_imported_messages_total", outcome="skipped") == 2
+    assert requests_counted(samples)[("POST", "/v1/sessions/{session_id}/history", "201")] == 2
+
+
+async def test_the_engine_queue_shows_the_turns_in_flight(
+    settings: Settings, embedder: HashEmbedder, engine: ScriptedEngine
+) -> None:
+    engine.gate = threading.Event()
+    # A server of its own: the test client answers one request at a time.
+    with live_server(create_app(settings, embedder=embedder, engine=engine)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            created = await client.post("/v1/sessions", json={"user_id": "alice"})
+            idle = parse((await client.get("/metrics")).content)
+            assert value(idle, "memchat_engine_queue_turns") == 0
+            assert value(idle, "memchat_engine_queue_max_turns") == settings.chat.max_pending_turns
+            path = MESSAGES.format(session_id=created.json()["id"])
+            turn = asyncio.create_task(client.post(path, json={"content": "hello there"}))
+            try:
+                async with asyncio.timeout(30):
+                    while not engine.prompts:  # the turn has reached the engine
+                        await asyncio.sleep(0.02)
+                busy = parse((await client.get("/metrics")).content)
+                assert value(busy, "memchat_engine_queue_turns") == 1
+            finally:
+                engine.gate.set()
+            assert (await turn).status_code == 200
+            done = parse((await client.get("/metrics")).content)
+            assert value(done, "memchat_engine_queue_turns") == 0
 
 
 async def test_a_streamed_turn_counts_once(client: AsyncTestClient) -> None:
@@ -293,6 +367,7 @@ async def test_an_index_size_that_cannot_be_read_is_left_out() -> None:
     metrics = ServiceMetrics()
     runtime = SimpleNamespace(
         engine=ScriptedEngine(),
+        turns=SimpleNamespace(num_pending=0, max_pending=8),
         memory=SimpleNamespace(num_vectors=size_of(3)),
         knowledge=SimpleNamespace(num_vectors=size_of(5)),
     )

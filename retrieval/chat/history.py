@@ -27,6 +27,7 @@ class HistoryImport:
         config: ChatConfig,
         *,
         on_new_messages: Callable[[int], None] | None = None,
+        on_import: Callable[[int, int], None] | None = None,
     ) -> None:
         self._sessions = sessions
         self._messages = messages
@@ -35,6 +36,8 @@ class HistoryImport:
         self._locks = locks
         self._config = config
         self._on_new_messages = on_new_messages or (lambda _user_pk: None)
+        # Told each finished import's (imported, skipped) counts (the app counts them).
+        self._on_import = on_import or (lambda _imported, _skipped: None)
 
     def check_count(self, num_messages: int) -> None:
         """Refuse more messages than one import takes (checked before any other work)."""
@@ -74,4 +77,5 @@ class HistoryImport:
             await self._memory.index(result.turns, fresh=True)
         if result.turns:
             self._on_new_messages(state.user.id)
+        self._on_import(len(result.turns), result.num_skipped)
         return len(result.turns), result.num_skipped

@@ -71,6 +71,17 @@ class ChatTurn:
         self._on_turn = on_turn or (lambda _result: None)
         self._num_pending = 0
 
+    @property
+    def num_pending(self) -> int:
+        """Turns admitted and not finished: waiting for their session's lock or the
+        engine, or generating (the engine queue; /metrics reads it)."""
+        return self._num_pending
+
+    @property
+    def max_pending(self) -> int:
+        """Admitted turns beyond which a turn is refused with EngineBusyError."""
+        return self._config.max_pending_turns
+
     async def run(
         self,
         session_id: str,
