@@ -1,11 +1,17 @@
-"""An interactive terminal chat against a running memchat server, streaming replies."""
+"""`memchat chat`: an interactive terminal chat against a running memchat server,
+streaming replies."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
+from typing import Any
 
 import httpx
+
+from app.settings import Settings
 
 
 def _create_session(client: httpx.Client, user_id: str) -> str:
@@ -66,3 +72,21 @@ def run_chat(
                 return 0
             print("assistant> ", end="", flush=True)
             _stream_reply(client, session_id, content, max_tokens)
+
+
+def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
+    url = args.url or f"http://{settings.host}:{settings.port}"
+    api_key = os.environ.get("MEMCHAT_API_KEY") or None
+    return run_chat(url, args.user_id, args.session_id, max_tokens=args.max_tokens, api_key=api_key)
+
+
+def add_chat_command(commands: Any) -> None:
+    chat = commands.add_parser(
+        "chat",
+        help="chat in the terminal with a running server (API key from $MEMCHAT_API_KEY)",
+    )
+    chat.add_argument("--url", default=None, help="server URL (default from MEMCHAT_HOST/PORT)")
+    chat.add_argument("--user-id", default="me")
+    chat.add_argument("--session-id", default=None, help="continue this session")
+    chat.add_argument("--max-tokens", type=int, default=None)
+    chat.set_defaults(run=cmd_chat)
