@@ -38,3 +38,8 @@ def configure_logging(
         # structlog's type is TextIO; it calls write and flush only.
         logger_factory=structlog.PrintLoggerFactory(cast(TextIO, LogStream(target))),
     )
+
+
+def severest(*levels: str) -> str:
+    """The most severe of some standard level names, in any case ("info", "WARNING")."""
+    return max(levels, key=lambda level: logging.getLevelNamesMapping()[level.upper()])

@@ -12,7 +12,7 @@ from app.cli.chat import add_chat_command
 from app.cli.database import add_migrate_command
 from app.cli.engine import add_engine_commands
 from app.cli.keys import add_key_commands
-from app.cli.logs import configure_logging
+from app.cli.logs import configure_logging, severest
 from app.cli.mcp import add_mcp_command
 from app.cli.reindex import add_reindex_command
 from app.cli.serve import add_serve_command
@@ -53,7 +53,9 @@ def database_problem(settings: Settings, exc: DatabaseUnavailableError) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = Settings()
-    configure_logging(settings.log_level)
+    # A command whose screen is a conversation (`memchat chat`) names a floor: no lines
+    # below it, whatever MEMCHAT_LOG_LEVEL asks for; a quieter setting still wins.
+    configure_logging(severest(settings.log_level, getattr(args, "log_floor", "debug")))
     try:
         return int(args.run(settings, args))
     except DatabaseUnavailableError as exc:
