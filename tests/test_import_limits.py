@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from app.cli import build_parser
 from app.cli.backup import check_lines, import_lines
+from app.cli.main import build_parser
 from app.settings import Settings
 from tests.live import cli_env
 from tests.test_backup import import_target, open_store, run_cli

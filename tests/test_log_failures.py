@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from app.cli import configure_logging
+from app.cli.logs import configure_logging
 from app.factory import create_app
 from app.settings import Settings
 from retrieval.errors import EngineError

@@ -24,7 +24,7 @@ from mcp_types import CallToolResult, TextContent
 
 from app.api.errors import ID_RULE
 from app.api.requests import HIDDEN_INSTRUCTION_RULE
-from app.cli import build_parser
+from app.cli.main import build_parser
 from app.cli.mcp import cmd_mcp
 from app.factory import create_app
 from app.settings import Settings

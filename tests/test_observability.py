@@ -22,7 +22,7 @@ import structlog
 from litestar.testing import AsyncTestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.cli import configure_logging
+from app.cli.logs import configure_logging
 from app.factory import create_app
 from app.observability.metrics import MEMORY_KINDS, SECTIONS, STAGES, ServiceMetrics
 from app.settings import Settings

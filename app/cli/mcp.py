@@ -23,7 +23,7 @@ from app.settings import Settings
 
 def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     if args.transport == "http":
-        from app.cli import cmd_serve
+        from app.cli.serve import cmd_serve
 
         host, port = args.host or settings.host, args.port or settings.port
         print(f"memchat mcp: MCP at http://{host}:{port}/mcp", file=sys.stderr)

@@ -57,7 +57,7 @@ def _add_pid(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any
 def worker_app() -> Litestar:
     """uvicorn's factory, called in each worker: the settings from the environment (the
     parent put --host and --port there), every log line naming the worker's pid."""
-    from app.cli import configure_logging
+    from app.cli.logs import configure_logging
     from app.cli.serving import serving_app
 
     settings = Settings()

@@ -187,7 +187,7 @@ class MemoryServerTools:
 def _process_logging_kept() -> Iterator[None]:
     """`MCPServer()` calls `logging.basicConfig` (a Rich handler on the root logger, at
     INFO) unless the root logger has a handler; the process's logging is the command
-    line's to configure (`app.cli.configure_logging`), and `create_app` changes none."""
+    line's to configure (`app.cli.logs.configure_logging`), and `create_app` changes none."""
     root = logging.getLogger()
     placeholder = logging.NullHandler()
     root.addHandler(placeholder)

@@ -7,7 +7,7 @@ storage fails is still the 503 problem document. So a line that cannot be writte
 dropped and counted (`memchat_log_write_failures_total` on /metrics, read by
 `LogFailuresCollector`); nothing is retried or buffered, and nothing is logged about it
 (the log is what failed). The count is the process's: the log is configured once per
-process (`app.cli.configure_logging`), not per app.
+process (`app.cli.logs.configure_logging`), not per app.
 """
 
 from __future__ import annotations

@@ -1,0 +1,241 @@
+"""`memchat chat` on a terminal, against a live server: the screen holds the conversation
+and each turn's summary line, no log line, and whatever goes wrong as one line."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cli.chat import answer_problem, request_problem
+from app.factory import create_app
+from app.settings import Settings
+from retrieval.errors import EngineError
+from tests.fakes import HashEmbedder, ScriptedEngine
+from tests.live import MEMCHAT, cli_env, free_port, live_server
+
+UNKNOWN_SESSION = "0b0c0d0e-0000-4000-8000-0000000000ff"
+
+
+class Terminal:
+    """A command on a pseudo-terminal: the screen (its standard output and error, and the
+    echo of what was typed, as a terminal shows them) and a keyboard."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self._keyboard, tty = pty.openpty()
+        self.process = subprocess.Popen(argv, stdin=tty, stdout=tty, stderr=tty, env=env)
+        os.close(tty)
+        self._output = b""
+
+    @property
+    def screen(self) -> str:
+        return self._output.decode(errors="replace").replace("\r\n", "\n")
+
+    def type(self, text: str) -> None:
+        os.write(self._keyboard, text.encode())
+
+    def wait_for(self, text: str, times: int = 1, timeout_s: float = 60) -> None:
+        """Until `text` is on the screen `times` times: type only at a prompt, or the echo
+        of the keys would come before it."""
+        deadline = time.monotonic() + timeout_s
+        while self.screen.count(text) < times:
+            if not self._read(deadline - time.monotonic()):
+                pytest.fail(f"{text!r} never appeared on the screen:\n{self.screen}")
+
+    def wait_for_exit(self, timeout_s: float = 60) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self._read(deadline - time.monotonic()):
+            pass
+        return self.process.wait(timeout=max(deadline - time.monotonic(), 1))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._keyboard)
+
+    def _read(self, timeout_s: float) -> bool:
+        """Reads what the command wrote; False once it has closed the terminal (or at the
+        deadline)."""
+        if timeout_s <= 0 or not select.select([self._keyboard], [], [], timeout_s)[0]:
+            return False
+        try:
+            chunk = os.read(self._keyboard, 4096)
+        except OSError:  # EIO: the command has ended and closed its side
+            return False
+        self._output += chunk
+        return bool(chunk)
+
+
+@contextmanager
+def chat(base: str, tmp_path: Path, *args: str, log_level: str = "info") -> Iterator[Terminal]:
+    env = cli_env(tmp_path) | {"MEMCHAT_LOG_LEVEL": log_level}
+    terminal = Terminal([*MEMCHAT, "chat", "--url", base, *args], env)
+    try:
+        yield terminal
+    finally:
+        terminal.close()
+
+
+def lines(screen: str) -> list[str]:
+    return re.sub(r"session [0-9a-f-]{36} ", "session S ", screen).splitlines()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, sqlite_url: str) -> Settings:
+    return Settings(data_dir=tmp_path / "data", database_url=sqlite_url)
+
+
+@pytest.mark.parametrize("log_level", ["info", "debug"])
+def test_the_screen_holds_the_conversation_and_the_summary_lines_only(
+    settings: Settings, tmp_path: Path, log_level: str
+) -> None:
+    engine = ScriptedEngine(["Teal is a fine colour.", "You said teal."])
+    with (
+        live_server(create_app(settings, embedder=HashEmbedder(), engine=engine)) as base,
+        chat(base, tmp_path, "--user-id", "zoe", log_level=log_level) as terminal,
+    ):
+        terminal.wait_for("you> ")
+        terminal.type("My favourite colour is teal.\n")
+        terminal.wait_for("you> ", times=2)
+        terminal.type("What is my favourite colour?\n")
+        terminal.wait_for("you> ", times=3)
+        terminal.type("\n")
+        assert terminal.wait_for_exit() == 0
+    assert lines(terminal.screen) == [
+        "session S (user zoe); an empty line or Ctrl-D quits",
+        "you> My favourite colour is teal.",
+        "assistant> Teal is a fine colour.",
+        "[5 tokens, 0 memories used]",
+        "you> What is my favourite colour?",
+        "assistant> You said teal.",
+        "[3 tokens, 0 memories used]",
+        "you> ",
+    ]
+
+
+def test_an_error_answer_and_a_failed_engine_are_one_line_each(
+    settings: Settings, tmp_path: Path
+) -> None:
+    engine = ScriptedEngine(["Noted."])
+    app = create_app(settings, embedder=HashEmbedder(), engine=engine)
+    with live_server(app) as base:
+        with chat(base, tmp_path, "--session-id", UNKNOWN_SESSION) as terminal:
+            terminal.wait_for("you> ")
+            terminal.type("Hello?\n")
+            terminal.wait_for("you> ", times=2)
+            terminal.type("\n")
+            assert terminal.wait_for_exit() == 0
+        assert lines(terminal.screen)[1:] == [
+            "you> Hello?",
+            f"assistant> [error 404] session '{UNKNOWN_SESSION}' not found",
+            "you> ",
+        ]
+        engine.fail_with = EngineError("the model crashed")
+        with chat(base, tmp_path) as terminal:
+            terminal.wait_for("you> ")
+            terminal.type("Hello?\n")
+            terminal.wait_for("you> ", times=2)
+            terminal.type("\n")
+            assert terminal.wait_for_exit() == 0
+        assert lines(terminal.screen)[1:] == [
+            "you> Hello?",
+            "assistant> ",
+            "[error] the LLM engine failed: the model crashed. Your message was stored; retry"
+            " later.",
+            "you> ",
+        ]
+
+
+def test_a_server_gone_mid_chat_is_one_line_and_the_chat_goes_on(
+    settings: Settings, tmp_path: Path
+) -> None:
+    app = create_app(settings, embedder=HashEmbedder(), engine=ScriptedEngine(["Noted."]))
+    with ExitStack() as stack:
+        with live_server(app) as base:
+            terminal = stack.enter_context(chat(base, tmp_path))
+            terminal.wait_for("you> ")
+        # The server has stopped; the chat has not.
+        terminal.type("Still there?\n")
+        terminal.wait_for("you> ", times=2)
+        terminal.type("\n")
+        assert terminal.wait_for_exit() == 0
+    assert lines(terminal.screen)[1:] == [
+        "you> Still there?",
+        "assistant> ",
+        f"[error] cannot reach memchat at {base}: [Errno 111] Connection refused",
+        "you> ",
+    ]
+
+
+def test_no_server_is_one_line(tmp_path: Path) -> None:
+    base = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        [*MEMCHAT, "chat", "--url", base],
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"cannot reach memchat at {base}: [Errno 111] Connection refused\n"
+
+
+@pytest.mark.parametrize(
+    ("response", "line"),
+    [
+        (
+            httpx.Response(
+                401,
+                json={
+                    "type": "about:blank",
+                    "title": "Unauthorized",
+                    "status": 401,
+                    "detail": "no API key\n(send Authorization: Bearer ...)",
+                    "instance": "/v1/sessions",
+                },
+            ),
+            "[error 401] no API key (send Authorization: Bearer ...)",
+        ),
+        (
+            httpx.Response(
+                422,
+                json={
+                    "detail": "invalid body",
+                    "errors": [{"field": "content", "message": "must not be blank"}],
+                },
+            ),
+            "[error 422] invalid body (content: must not be blank)",
+        ),
+        (httpx.Response(502, text="<html><h1>Bad Gateway</h1></html>"), "[error 502] Bad Gateway"),
+    ],
+)
+def test_an_error_answer_is_its_status_and_detail(response: httpx.Response, line: str) -> None:
+    assert answer_problem(response) == line
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (
+            httpx.ConnectTimeout("timed out"),
+            "cannot reach memchat at http://h:1: no connection within 10 s",
+        ),
+        (httpx.ReadTimeout("timed out"), "memchat at http://h:1 sent nothing for 300 s"),
+        (
+            httpx.RemoteProtocolError("peer closed connection\nwithout a complete body"),
+            "no answer from memchat at http://h:1: peer closed connection without a complete body",
+        ),
+    ],
+)
+def test_a_request_without_an_answer_is_one_line(error: httpx.HTTPError, line: str) -> None:
+    assert request_problem(error, "http://h:1") == line
