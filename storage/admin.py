@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Subquery, delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import Database, rows_affected
 from storage.errors import NotFoundError
@@ -106,39 +107,60 @@ class AdminRepository:
             return [TenantCounts(int(a), b, int(c), int(d)) for a, b, c, d in rows.all()]
 
     async def list_users_with_counts(
-        self, tenant_id: int | None = None, user_pk: int | None = None
+        self,
+        tenant_id: int | None = None,
+        user_pk: int | None = None,
+        *,
+        prefix: str | None = None,
+        after_id: int = 0,
+        limit: int | None = None,
     ) -> list[UserCounts]:
-        """Users (of one tenant, or one user, or all), each with the size of their memory."""
-        sessions = _count_by(ChatSession.user_pk)
-        messages = _count_by(Message.user_pk)
-        facts = _count_by(Fact.user_pk, Fact.status == "active")
-        documents = _count_by(KnowledgeDocument.user_pk)
-        query = (
-            select(
-                User,
-                Tenant.name,
-                func.coalesce(sessions.c.n, 0),
-                func.coalesce(messages.c.n, 0),
-                func.coalesce(facts.c.n, 0),
-                func.coalesce(documents.c.n, 0),
-            )
+        """Users (of one tenant, or one user, or all) by id, each with the size of their
+        memory: those whose id string starts with `prefix` (exactly, case included),
+        from the first id after `after_id`, at most `limit` (a page: its last user's id
+        is the next page's `after_id`). The counts are read for the page's users only."""
+        page = (
+            select(User, Tenant.name)
             .join(Tenant, Tenant.id == User.tenant_id)
-            .outerjoin(sessions, sessions.c.user_pk == User.id)
-            .outerjoin(messages, messages.c.user_pk == User.id)
-            .outerjoin(facts, facts.c.user_pk == User.id)
-            .outerjoin(documents, documents.c.user_pk == User.id)
+            .where(User.id > after_id)
             .order_by(User.id)
         )
         if tenant_id is not None:
-            query = query.where(User.tenant_id == tenant_id)
+            page = page.where(User.tenant_id == tenant_id)
         if user_pk is not None:
-            query = query.where(User.id == user_pk)
+            page = page.where(User.id == user_pk)
+        if prefix:
+            page = page.where(func.substr(User.external_id, 1, len(prefix)) == prefix)
+        if limit is not None:
+            page = page.limit(limit)
         async with self._db.transaction() as session:
-            rows = (await session.execute(query)).all()
+            users = (await session.execute(page)).all()
+            pks = [user.id for user, _ in users]
+            counts = [
+                await self._counts(session, column, pks, *where)
+                for column, *where in (
+                    (ChatSession.user_pk,),
+                    (Message.user_pk,),
+                    (Fact.user_pk, Fact.status == "active"),
+                    (KnowledgeDocument.user_pk,),
+                )
+            ]
         return [
-            UserCounts(to_record(UserRecord, u), t, int(a), int(b), int(c), int(d))
-            for u, t, a, b, c, d in rows
+            UserCounts(to_record(UserRecord, user), tenant, *(c.get(user.id, 0) for c in counts))
+            for user, tenant in users
         ]
+
+    @staticmethod
+    async def _counts(
+        session: AsyncSession, column: Any, pks: list[int], *where: Any
+    ) -> dict[int, int]:
+        """Rows per user among `pks` (absent: none)."""
+        if not pks:
+            return {}
+        rows = await session.execute(
+            select(column, func.count()).where(column.in_(pks), *where).group_by(column)
+        )
+        return {int(pk): int(n) for pk, n in rows.all()}
 
     async def get_user_counts(self, user_pk: int) -> UserCounts:
         found = await self.list_users_with_counts(user_pk=user_pk) if is_row_id(user_pk) else []

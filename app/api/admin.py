@@ -44,7 +44,7 @@ from storage.knowledge import KnowledgeRepository, scope_of
 from storage.messages import MessageRepository
 from storage.sessions import SessionRepository
 from storage.summaries import SummaryRepository
-from storage.users import UserRepository
+from storage.users import MAX_ID, UserRepository
 
 UserPk = FromPath[int]
 
@@ -86,11 +86,22 @@ class AdminController(Controller):
         admin: NamedDependency[AdminRepository],
         access: NamedDependency[AccessRepository],
         tenant: Annotated[str | None, QueryParameter(min_length=1, max_length=64)] = None,
+        prefix: Annotated[str | None, QueryParameter(min_length=1, max_length=255)] = None,
+        after: Annotated[int, QueryParameter(ge=0, le=MAX_ID)] = 0,
+        limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 1000,
     ) -> body.UserList:
-        """Every user, or a tenant's, with the size of their memory."""
+        """Users (every tenant's, or one's; those whose id starts with `prefix`) by
+        internal id, with the size of their memory: a page of at most `limit` after the
+        id `after`, and where the next page starts."""
         tenant_id = (await access.get_tenant(tenant)).id if tenant is not None else None
-        rows = await admin.list_users_with_counts(tenant_id)
-        return body.UserList(users=[user_body(r) for r in rows])
+        rows = await admin.list_users_with_counts(
+            tenant_id, prefix=prefix, after_id=after, limit=limit + 1
+        )
+        more = len(rows) > limit
+        return body.UserList(
+            users=[user_body(r) for r in rows[:limit]],
+            next_after=rows[limit - 1].user.id if more else None,
+        )
 
     @get("/users/{user_pk:int}", responses=problems(401, 403, 404, 503))
     async def get_user(

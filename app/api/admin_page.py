@@ -18,7 +18,7 @@ import hmac
 import secrets
 from collections.abc import Mapping
 from typing import Annotated, Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
@@ -51,6 +51,7 @@ from storage.facts import STATUSES
 from storage.messages import MessageRepository
 from storage.sessions import SessionRepository
 from storage.summaries import SummaryRepository
+from storage.users import MAX_ID
 
 Form = Body(media_type=RequestEncodingType.URL_ENCODED)
 CSRF_COOKIE = "memchat_csrf"
@@ -202,6 +203,10 @@ def _session_ttl_s(request: Request[Any, Any, Any]) -> float:
     return float(request.app.state.admin_session_ttl_s)
 
 
+# Users shown on one page of the overview (the next page is a link away).
+USERS_PER_PAGE = 50
+
+
 class AdminPageController(Controller):
     path = "/admin"
     guards = [admin_only]  # noqa: RUF012
@@ -216,10 +221,18 @@ class AdminPageController(Controller):
         deployment: NamedDependency[Deployment],
         principal: NamedDependency[Principal],
         tenant: Annotated[str | None, QueryParameter(max_length=64)] = None,
+        prefix: Annotated[str | None, QueryParameter(max_length=255)] = None,
+        after: Annotated[int, QueryParameter(ge=0, le=MAX_ID)] = 0,
     ) -> Template:
         tenants = await admin.list_tenants_with_counts()
         chosen = next((t for t in tenants if t.name == tenant), None)
-        users = await admin.list_users_with_counts(chosen.id if chosen else None)
+        users = await admin.list_users_with_counts(
+            chosen.id if chosen else None,
+            prefix=prefix or None,
+            after_id=after,
+            limit=USERS_PER_PAGE + 1,
+        )
+        more = len(users) > USERS_PER_PAGE
         return page(
             request,
             "home",
@@ -227,7 +240,11 @@ class AdminPageController(Controller):
                 "principal": principal,
                 "tenants": tenants,
                 "tenant": chosen,
-                "users": users,
+                "users": users[:USERS_PER_PAGE],
+                "prefix": prefix or "",
+                "after": after,
+                "next_after": users[USERS_PER_PAGE - 1].user.id if more else None,
+                "first_page": _home_url(tenant=chosen.name if chosen else None, prefix=prefix),
                 "rows": await admin.count_rows(),
                 "database_bytes": await db.size_bytes(),
                 "deployment": deployment,
@@ -370,6 +387,12 @@ class AdminPageController(Controller):
         check_csrf(request, data)
         await erase(operations, access, principal, user_pk)
         return _back("/admin")
+
+
+def _home_url(**values: str | None) -> str:
+    """The overview's first page with these query values (those set)."""
+    query = urlencode({name: value for name, value in values.items() if value})
+    return f"/admin?{query}" if query else "/admin"
 
 
 def _priority(value: str | None) -> int | None:

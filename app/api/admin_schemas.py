@@ -35,6 +35,10 @@ class User(Struct):
 
 class UserList(Struct):
     users: list[User]
+    next_after: Annotated[
+        int | None,
+        Meta(description="where a list cut at `limit` goes on (as `after`); null at the end"),
+    ] = None
 
 
 class UserDetail(Struct):
