@@ -26,6 +26,7 @@ client's time per search (memchat: over its API; peers: the library call).
 
     .venv/bin/python bench/peers.py [--systems memchat faiss bm25 llamaindex mem0]
         [--large 10000] [--smoke] [--json FILE] [--markdown FILE] [--plot FILE]
+    .venv/bin/python bench/peers.py --from-json FILE [--markdown FILE] [--plot FILE]
 
 `--smoke`: one LoCoMo conversation's first three sessions and the first ten questions
 whose evidence they hold; no other data, no large store; every system whose
@@ -91,6 +92,9 @@ class Workload:
     stores: dict[str, list[Turn]]
     queries: list[Query]
     ks: tuple[int, ...]
+    # Results asked for per search (default: the largest k): the small store asks 5, as
+    # bench/small_store.py does.
+    search_k: int | None = None
 
 
 def locomo(
@@ -167,7 +171,7 @@ def small_store(path: Path) -> Workload:
             for i, (role, text) in enumerate(case["turns"])
         ]
         queries.append(Query(user, case["query"], frozenset(str(g) for g in case["gold"]), "all"))
-    return Workload("small store", stores, queries, (1, 3))
+    return Workload("small store", stores, queries, (1, 3), search_k=5)
 
 
 def large_store(path: Path, size: int) -> tuple[list[Turn], list[str]]:
@@ -318,7 +322,9 @@ async def measure(system: System, workload: Workload, figures: Figures) -> None:
     by_group: dict[str, dict[int, list[float]]] = {}
     times: list[float] = []
     for query in workload.queries:
-        ranked, seconds = await system.search(query.user, query.text, max(workload.ks))
+        ranked, seconds = await system.search(
+            query.user, query.text, workload.search_k or max(workload.ks)
+        )
         times.append(seconds)
         for group in ("all", query.category):
             for k in workload.ks:
@@ -457,13 +463,27 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--markdown", type=Path, help="write the table here")
     parser.add_argument("--plot", type=Path, help="draw recall against latency here (PNG)")
+    parser.add_argument(
+        "--from-json", type=Path, help="no run: the table and plot of an earlier --json"
+    )
     args = parser.parse_args()
     args.locomo = args.data / "locomo10_dev.json"
     # The service's request log would drown the table.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if args.smoke:
         args.large = 0
-    results = asyncio.run(run(args))
+    if args.from_json:
+        results = {
+            name: Figures(
+                recall={
+                    key: {int(k): v for k, v in by_k.items()} for key, by_k in f["recall"].items()
+                },
+                **{key: value for key, value in f.items() if key != "recall"},
+            )
+            for name, f in json.loads(args.from_json.read_text()).items()
+        }
+    else:
+        results = asyncio.run(run(args))
     text = table(results)
     print(text)
     if args.json:
