@@ -37,7 +37,7 @@ from app.settings import EngineSettings, Settings, TracingSettings, VllmSettings
 from retrieval.errors import EngineError
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
-from tests.test_api_sessions import create_session
+from tests.test_api_sessions import create_session, parse_sse
 from tests.test_vllm_replicas import Server
 
 MESSAGE = "I am allergic to peanuts and my sister Ingrid lives in Oslo"
@@ -241,6 +241,22 @@ async def test_a_chat_turn_is_a_tree_of_spans_holding_no_message_text(
     everything = texts_of(spans) + texts_of(extraction)
     for word in ("peanuts", "Ingrid", "Oslo", "sister", "remember"):
         assert word not in everything
+
+
+async def test_a_streamed_turn_has_the_same_tree(
+    client: AsyncTestClient, exporter: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    session = await create_session(client)
+    exporter.clear()
+    response = await client.post(
+        MESSAGES.format(session_id=session["id"]), json={"content": MESSAGE, "stream": True}
+    )
+    assert response.status_code == 200, response.text
+    assert [event for event, _ in parse_sse(response.text)][-1] == "done"
+    spans = request_trace(exporter.get_finished_spans(), TURN_SPANS[0][0])
+    assert edges(spans) == TURN_SPANS
+    # Every span's context was left where it was entered (the stream's own task).
+    assert "Failed to detach context" not in caplog.text
 
 
 async def test_a_failed_engine_call_is_an_error_span_without_its_message(

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from litestar import Litestar
 from litestar.enums import ScopeType
-from opentelemetry import propagate, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -211,19 +211,27 @@ class SpanStages:
         kind = SpanKind.CLIENT if name == "generation" else SpanKind.INTERNAL
         # Exceptions are not recorded as events: their messages may quote what a client
         # sent. A failure is the span's status and the exception's type (`error.type`).
-        with self._tracer.start_as_current_span(
+        span = self._tracer.start_span(
             span_name(name, values),
             kind=kind,
             attributes=attributes,
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            try:
-                yield SpanStage(span, capture_content=self._capture_content)
-            except Exception as exc:  # marked and raised again, never handled here
-                span.set_status(Status(StatusCode.ERROR))
-                span.set_attribute("error.type", type(exc).__qualname__)
-                raise
+        )
+        parent = context.get_current()
+        context.attach(trace.set_span_in_context(span, parent))
+        try:
+            yield SpanStage(span, capture_content=self._capture_content)
+        except Exception as exc:  # marked and raised again, never handled here
+            span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute("error.type", type(exc).__qualname__)
+            raise
+        finally:
+            # The parent made current again, rather than the attach token reset: a turn
+            # streamed to its client is begun in the request's task and ended in the
+            # stream's, where a token of the first cannot be reset.
+            context.attach(parent)
+            span.end()
 
 
 # Requests -----------------------------------------------------------------------------
