@@ -89,6 +89,7 @@ async def _llamacpp(config: EngineSettings) -> Engine:
 
 
 async def _vllm(config: EngineSettings) -> Engine:
+    from app.trace_context import TraceContextTransport
     from retrieval.engines.vllm import VllmEngine
 
     vllm = config.vllm
@@ -103,6 +104,8 @@ async def _vllm(config: EngineSettings) -> Engine:
         failure_threshold=vllm.failure_threshold,
         reset_after_s=vllm.reset_after_s,
         isolate_tenant_cache=vllm.isolate_tenant_cache,
+        # Each request carries the trace context of the span it is sent in.
+        transport=TraceContextTransport(),
     )
 
 

@@ -7,6 +7,7 @@ models); parts passed in are not closed by the app.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
+from opentelemetry.sdk.trace import TracerProvider
 
 from app.access.keys import (
     PUBLIC_PATHS,
@@ -50,6 +52,12 @@ from app.api.sessions import SamplingDefaults, SessionController
 from app.mcp.http import mcp_endpoint
 from app.observability.metrics import ServiceMetrics
 from app.observability.requests import observe_requests
+from app.observability.tracing import (
+    Tracing,
+    observing_stages,
+    trace_requests,
+    tracer_provider_from_environment,
+)
 from app.runtime import Runtime, build_runtime, close_runtime
 from app.settings import Settings
 from retrieval.protocols import Embedder, Engine
@@ -65,20 +73,24 @@ def create_app(
     embedder: Embedder | None = None,
     second_embedder: Embedder | None = None,
     engine: Engine | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> Litestar:
     """`embedder` (and `second_embedder`), where given, replace the settings' embedders:
-    see `build_runtime`."""
+    see `build_runtime`. Traces go to `tracer_provider` where given, else where the
+    OpenTelemetry environment variables say (nowhere by default)."""
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        runtime = await build_runtime(
-            settings,
-            embedder=embedder,
-            second_embedder=second_embedder,
-            engine=engine,
-            on_turn=service_metrics.observe_turn,
-            on_import=service_metrics.count_import,
-        )
+        # Background tasks started by the runtime trace their stages too.
+        with observing_stages(tracing):
+            runtime = await build_runtime(
+                settings,
+                embedder=embedder,
+                second_embedder=second_embedder,
+                engine=engine,
+                on_turn=service_metrics.observe_turn,
+                on_import=service_metrics.count_import,
+            )
         try:
             local_mode = await check_local_mode(
                 runtime.repositories.access,
@@ -95,6 +107,8 @@ def create_app(
             await close_runtime(runtime)
             if shared_limits is not None:
                 await shared_limits.aclose()
+            if tracing is not None:
+                tracing.shutdown()
 
     def provide_sampling() -> SamplingDefaults:
         return sampling
@@ -144,6 +158,7 @@ def create_app(
         proxies=ProxyTrust(settings.access.trusted_proxies),
     )
     mcp = mcp_endpoint(lambda: app.state.runtime)
+    tracing = _tracing(settings, tracer_provider)
     service_metrics = ServiceMetrics()
     sampling = SamplingDefaults(
         max_tokens=settings.engine.max_tokens,
@@ -221,4 +236,18 @@ def create_app(
         ),
     )
     app.asgi_handler = RequestGuard(app.asgi_handler, gate, settings.access.local_hosts)
-    return observe_requests(app, service_metrics)
+    observe_requests(app, service_metrics)
+    return trace_requests(app, tracing) if tracing is not None else app
+
+
+def _tracing(settings: Settings, provider: TracerProvider | None) -> Tracing | None:
+    owns_provider = provider is None
+    if provider is None:
+        provider = tracer_provider_from_environment(os.environ)
+    if provider is None:
+        return None
+    return Tracing(
+        provider,
+        capture_content=settings.tracing.capture_content,
+        owns_provider=owns_provider,
+    )

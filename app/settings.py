@@ -290,6 +290,15 @@ class AccessSettings(BaseModel):
     trusted_proxies: list[IPvAnyNetwork] = []
 
 
+class TracingSettings(BaseModel):
+    """Tracing itself is turned on by the standard OpenTelemetry variables
+    (`OTEL_TRACES_EXPORTER`, `OTEL_EXPORTER_OTLP_ENDPOINT`; docs/operations.md)."""
+
+    # Spans carry the text of messages and replies (`gen_ai.input.messages`,
+    # `gen_ai.output.messages`); off, no span holds any message text.
+    capture_content: bool = False
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMCHAT_", env_nested_delimiter="__", extra="ignore"
@@ -321,6 +330,7 @@ class Settings(BaseSettings):
     chroma_prefix: str = Field("memchat", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
     retrieval: RetrievalSettings = RetrievalSettings()
     access: AccessSettings = AccessSettings()
+    tracing: TracingSettings = TracingSettings()
     # Shorthand for engine.vllm.urls, comma-separated (MEMCHAT_VLLM_URLS).
     vllm_urls: str | None = None
 

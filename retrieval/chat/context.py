@@ -29,6 +29,7 @@ from retrieval.prompt.reuse import PrefixTracker
 from retrieval.protocols import Engine, SamplingParams
 from retrieval.search.hits import turn_hits
 from retrieval.search.memory import TurnMemory
+from retrieval.stages import stage
 from retrieval.turns import SearchHit
 from retrieval.window.keeper import WindowKeeper, WindowView
 from storage.messages import MessageRepository
@@ -130,39 +131,47 @@ class ContextBuilder:
         budget = self.budget(params)
         pinned = sorted(state.pinned_facts, key=fact_order) if self._facts is not None else []
         found = await self._find(state, view, vector, content, pinned, clock)
-        plan = await self._assembler.plan(
-            self._sections(found, view, content, instructions), self._turn_budget(budget, view)
-        )
-        kept = await self._windows.keep_within_budget(
-            view, budget=budget, room=plan.window_room, pinned=pinned, content_tokens=content_tokens
-        )
-        if kept.summary != view.summary:
-            # What the kept window shows, the first view showed too: no memory repeats it.
-            found = replace(found, places=_places(state, kept, pinned))
+        with stage("assemble") as assembling:
             plan = await self._assembler.plan(
-                self._sections(found, kept, content, instructions),
-                self._turn_budget(budget, kept),
+                self._sections(found, view, content, instructions), self._turn_budget(budget, view)
             )
-        assembled = await self._assembler.assemble(plan, kept.turns)
-        tokens = await self._engine.prompt_tokens(assembled.messages)
-        report = replace(
-            assembled.report,
-            pinned_facts=tuple(
-                sorted([*assembled.report.pinned_facts, *found.places.shown_before], key=fact_order)
-            ),
-            summary_version=kept.summary.version,
-            summary_through_seq=kept.summary.through_seq,
-            pruned_message_ids=kept.pruned_message_ids,
-            prefix_reuse=self._prefixes.reuse(state.session.id, tokens),
-        )
-        note = self._assembler.turn_context(report)
-        return BuiltContext(
-            context=replace(assembled, report=report),
-            view=kept,
-            note=note,
-            note_tokens=await self._assembler.note_tokens(note),
-            tokens=tokens,
-        )
+            kept = await self._windows.keep_within_budget(
+                view,
+                budget=budget,
+                room=plan.window_room,
+                pinned=pinned,
+                content_tokens=content_tokens,
+            )
+            if kept.summary != view.summary:
+                # What the kept window shows, the first view showed too: no memory repeats it.
+                found = replace(found, places=_places(state, kept, pinned))
+                plan = await self._assembler.plan(
+                    self._sections(found, kept, content, instructions),
+                    self._turn_budget(budget, kept),
+                )
+            assembled = await self._assembler.assemble(plan, kept.turns)
+            tokens = await self._engine.prompt_tokens(assembled.messages)
+            report = replace(
+                assembled.report,
+                pinned_facts=tuple(
+                    sorted(
+                        [*assembled.report.pinned_facts, *found.places.shown_before], key=fact_order
+                    )
+                ),
+                summary_version=kept.summary.version,
+                summary_through_seq=kept.summary.through_seq,
+                pruned_message_ids=kept.pruned_message_ids,
+                prefix_reuse=self._prefixes.reuse(state.session.id, tokens),
+            )
+            note = self._assembler.turn_context(report)
+            assembling.record(prompt_tokens=report.prompt_tokens)
+            return BuiltContext(
+                context=replace(assembled, report=report),
+                view=kept,
+                note=note,
+                note_tokens=await self._assembler.note_tokens(note),
+                tokens=tokens,
+            )
 
     def _turn_budget(self, budget: ContextBudget, view: WindowView) -> ContextBudget:
         """The budget with this turn's memory room: the memory budget less the context
@@ -200,7 +209,7 @@ class ContextBuilder:
         window as `view` has it (its turns, and the turns its context notes show, are not
         retrieved again)."""
         user = state.user
-        with clock.stage("search"):
+        with clock.stage("search") as searching:
             scored, found = await asyncio.gather(
                 self._memory.search(
                     user.id,
@@ -213,18 +222,22 @@ class ContextBuilder:
                 self._knowledge_for(state, vector),
             )
             memories = await turn_hits(self._messages, user.id, scored, content)
+            searching.record(num_memories=len(memories), num_knowledge=len(found))
         return _Found(tuple(memories), tuple(found), _places(state, view, pinned))
 
     async def _knowledge_for(self, state: SessionState, vector: np.ndarray) -> list[KnowledgeHit]:
         if self._knowledge is None or self._config.knowledge_k <= 0:
             return []
-        return await self._knowledge.search(
-            state.user.tenant_id,
-            state.user.id,
-            vector,
-            self._config.knowledge_k,
-            with_documents=(state.has_shared_knowledge, state.has_own_knowledge),
-        )
+        with stage("index_search", index="knowledge", k=self._config.knowledge_k) as searching:
+            hits = await self._knowledge.search(
+                state.user.tenant_id,
+                state.user.id,
+                vector,
+                self._config.knowledge_k,
+                with_documents=(state.has_shared_knowledge, state.has_own_knowledge),
+            )
+            searching.record(num_hits=len(hits))
+        return hits
 
 
 def _places(state: SessionState, view: WindowView, pinned: Sequence[Fact]) -> PinnedPlaces:

@@ -11,6 +11,7 @@ from retrieval.chat.sessions import SessionLocks, session_of_tenant
 from retrieval.errors import InvalidInputError, TooLargeError
 from retrieval.protocols import Engine
 from retrieval.search.memory import TurnMemory
+from retrieval.stages import stage
 from storage.messages import MessageRepository
 from storage.records import NewTurn
 from storage.sessions import SessionRepository
@@ -68,13 +69,16 @@ class HistoryImport:
     ) -> tuple[int, int]:
         """Store and index existing history; returns (imported, skipped as duplicates)."""
         self.check(messages)
-        state = await session_of_tenant(self._sessions, session_id, tenant_id)
-        counted = [
-            replace(m, token_count=await self._engine.count_tokens(m.content)) for m in messages
-        ]
-        async with self._locks.hold(session_id):
-            result = await self._messages.append(state.session, counted)
-            await self._memory.index(result.turns, fresh=True)
+        with stage("import", session_id=session_id, num_messages=len(messages)) as importing:
+            state = await session_of_tenant(self._sessions, session_id, tenant_id)
+            counted = [
+                replace(m, token_count=await self._engine.count_tokens(m.content)) for m in messages
+            ]
+            async with self._locks.hold(session_id):
+                with stage("persist", num_messages=len(counted)):
+                    result = await self._messages.append(state.session, counted)
+                    await self._memory.index(result.turns, fresh=True)
+            importing.record(num_imported=len(result.turns), num_skipped=result.num_skipped)
         if result.turns:
             self._on_new_messages(state.user.id)
         self._on_import(len(result.turns), result.num_skipped)

@@ -41,7 +41,7 @@ class ContextPreview:
         content_tokens = await self._builder.check(content, params)
         state = await turn_state_of_tenant(self._sessions, session_id, tenant_id)
         view = self._windows.load(state)
-        with clock.stage("embed"):
+        with clock.stage("embed", model=self._memory.embedder.model_name):
             vector = await self._memory.embed_query(state.user.id, content)
         with clock.stage("context"):
             built = await self._builder.build(

@@ -1,7 +1,8 @@
 """Where a chat turn spends its time, stage by stage, measured with `time.perf_counter`.
 
 The retrieval layer only measures; the app decides what to publish (Prometheus
-histograms), so nothing here knows about metrics libraries.
+histograms, and spans of the stages, which `stage` hands to the app's observer), so
+nothing here knows about metrics or tracing libraries.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from retrieval.stages import Stage, StageValue, stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +46,12 @@ class StageClock:
         self._seconds: dict[str, float] = {}
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, **values: StageValue) -> Iterator[Stage]:
+        """Time the stage `name`, which the app's observer watches too."""
         start = time.perf_counter()
         try:
-            yield
+            with stage(name, **values) as observed:
+                yield observed
         finally:
             self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
 

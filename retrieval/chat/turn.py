@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import asdict
 
 from retrieval.chat.config import ChatConfig, check_text
 from retrieval.chat.context import ContextBuilder
@@ -29,6 +30,7 @@ from retrieval.errors import EngineBusyError
 from retrieval.prompt.reuse import PrefixTracker
 from retrieval.protocols import Completion, Engine, SamplingParams
 from retrieval.search.memory import TurnMemory
+from retrieval.stages import Stage, StageValue, stage
 from retrieval.text import normalise
 from retrieval.window.keeper import WindowKeeper
 from storage.messages import MessageRepository
@@ -138,41 +140,68 @@ class ChatTurn:
         instructions: str,
     ) -> AsyncIterator[TurnEvent]:
         clock = StageClock()  # the turn's total includes waiting for the session's lock
-        async with self._locks.hold(session_id):
-            state = await turn_state_of_tenant(self._sessions, session_id, tenant_id)
-            view = self._windows.load(state)
-            sent_at = _now()
-            pending = Turn(
-                id=0,
-                session_id=session_id,
-                user_pk=state.user.id,
-                seq=view.last_seq + 1,
-                role="user",
-                name=None,
-                content=content,
-                created_at=sent_at,
-                external_id=None,
-                token_count=content_tokens,
+        with stage("chat_turn", session_id=session_id, model=self._engine.model_name) as turn:
+            turn.content("user", content)
+            result: TurnResult | None = None
+            async with self._locks.hold(session_id):
+                async for event in self._steps(
+                    session_id, content, content_tokens, params, tenant_id, instructions, clock
+                ):
+                    if isinstance(event, TurnResult):
+                        result = event
+                    else:
+                        yield event
+            if result is None:  # pragma: no cover - the steps end with the result
+                raise RuntimeError("turn ended without a result")
+            _record_result(turn, result)
+        # After the turn's stage has closed, and its session's lock is free: a caller that
+        # stops at the result (`complete`) leaves nothing open.
+        yield result
+
+    async def _steps(
+        self,
+        session_id: str,
+        content: str,
+        content_tokens: int,
+        params: SamplingParams,
+        tenant_id: int,
+        instructions: str,
+        clock: StageClock,
+    ) -> AsyncIterator[TurnEvent]:
+        """The turn's steps, its session's lock held: its events, its result last."""
+        state = await turn_state_of_tenant(self._sessions, session_id, tenant_id)
+        view = self._windows.load(state)
+        sent_at = _now()
+        pending = Turn(
+            id=0,
+            session_id=session_id,
+            user_pk=state.user.id,
+            seq=view.last_seq + 1,
+            role="user",
+            name=None,
+            content=content,
+            created_at=sent_at,
+            external_id=None,
+            token_count=content_tokens,
+        )
+        with clock.stage("embed", model=self._memory.embedder.model_name):
+            query_vector, own_vector = await self._memory.embed_turn(content, pending, view.loaded)
+        assert query_vector is not None
+        with clock.stage("context"):
+            built = await self._builder.build(
+                state,
+                view,
+                query_vector,
+                content,
+                content_tokens,
+                params,
+                clock,
+                instructions=instructions,
             )
-            with clock.stage("embed"):
-                query_vector, own_vector = await self._memory.embed_turn(
-                    content, pending, view.loaded
-                )
-            assert query_vector is not None
-            with clock.stage("context"):
-                built = await self._builder.build(
-                    state,
-                    view,
-                    query_vector,
-                    content,
-                    content_tokens,
-                    params,
-                    clock,
-                    instructions=instructions,
-                )
-            if built.view.new_summary is not None:
-                await self._windows.store(built.view.new_summary)
-            report = built.context.report
+        if built.view.new_summary is not None:
+            await self._windows.store(built.view.new_summary)
+        report = built.context.report
+        with stage("persist", role="user"):
             message = await self._append(
                 state.session,
                 NewTurn(
@@ -190,25 +219,27 @@ class ChatTurn:
             await self._memory.index(
                 [message], vectors=[own_vector], earlier=view.loaded, fresh=True
             )
-            self._prefixes.remember(session_id, built.tokens)
-            yield TurnStarted(message, built.context)
-            # The user's replica keeps their prefix cached. Set for the rest of this task
-            # (one request): each turn sets its own route before generating.
-            current_route.set(Route(key=str(state.user.id), tenant=str(state.user.tenant_id)))
-            completion: Completion | None = None
-            sent = time.perf_counter()
-            with clock.stage("generation"):
-                async for event in self._engine.stream(built.context.messages, params):
-                    if isinstance(event, Completion):
-                        completion = event
-                    else:
-                        clock.mark_once("time_to_first_token", since=sent)
-                        yield event
+        self._prefixes.remember(session_id, built.tokens)
+        yield TurnStarted(message, built.context)
+        # The user's replica keeps their prefix cached. Set for the rest of this task
+        # (one request): each turn sets its own route before generating.
+        current_route.set(Route(key=str(state.user.id), tenant=str(state.user.tenant_id)))
+        completion: Completion | None = None
+        sent = time.perf_counter()
+        with clock.stage("generation", **_request_values(self._engine, params)) as generation:
+            async for event in self._engine.stream(built.context.messages, params):
+                if isinstance(event, Completion):
+                    completion = event
+                else:
+                    clock.mark_once("time_to_first_token", since=sent)
+                    yield event
             if completion is None:  # pragma: no cover - engines always finish with one
                 raise RuntimeError("engine stream ended without a completion")
-            # Stored as clients' text is (retrieval.text.normalise): a model can echo tag
-            # characters or direction controls it was shown elsewhere.
-            reply_text = normalise(completion.text)
+            _record_completion(generation, completion)
+        # Stored as clients' text is (retrieval.text.normalise): a model can echo tag
+        # characters or direction controls it was shown elsewhere.
+        reply_text = normalise(completion.text)
+        with stage("persist", role="assistant"):
             reply = await self._append(
                 state.session,
                 NewTurn(
@@ -219,11 +250,50 @@ class ChatTurn:
                 message.seq,
             )
             await self._memory.index([reply], earlier=[*view.loaded, message], fresh=True)
-            self._on_new_messages(state.user.id)
-            result = TurnResult(message, reply, report, completion, clock.timings())
-            self._on_turn(result)
-            yield result
+        self._on_new_messages(state.user.id)
+        result = TurnResult(message, reply, report, completion, clock.timings())
+        self._on_turn(result)
+        yield result
 
     async def _append(self, session: Session, new: NewTurn, last_seq: int) -> Turn:
         appended = await self._messages.append(session, [new], last_seq=last_seq)
         return appended.turns[0]
+
+
+def _request_values(engine: Engine, params: SamplingParams) -> dict[str, StageValue]:
+    return {
+        "model": engine.model_name,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+    }
+
+
+def _record_completion(observed: Stage, completion: Completion) -> None:
+    observed.content("assistant", completion.text)
+    observed.record(
+        input_tokens=completion.prompt_tokens,
+        output_tokens=completion.completion_tokens,
+        finish_reasons=[completion.finish_reason],
+    )
+    if completion.cached_prompt_tokens is not None:
+        observed.record(cached_input_tokens=completion.cached_prompt_tokens)
+
+
+def _record_result(observed: Stage, result: TurnResult) -> None:
+    """A finished turn's counts: what it retrieved, its prompt by section, its reply."""
+    report = result.context
+    observed.content("assistant", result.completion.text)
+    observed.record(
+        message_id=result.message.id,
+        reply_id=result.reply.id,
+        num_memories=len(report.memories),
+        num_knowledge=len(report.knowledge),
+        num_pinned_facts=len(report.pinned_facts),
+        prompt_tokens=report.prompt_tokens,
+        input_tokens=result.completion.prompt_tokens,
+        output_tokens=result.completion.completion_tokens,
+        **{f"prompt_tokens.{name}": count for name, count in asdict(report.sections).items()},
+    )
+    if report.prefix_reuse is not None:
+        observed.record(prefix_reuse_tokens=report.prefix_reuse)

@@ -30,6 +30,7 @@ from retrieval.facts.model import (
     normalize,
     statement,
 )
+from retrieval.stages import stage
 from retrieval.text import is_blank
 from storage.facts import FactRepository, NewFact, Resolution
 from storage.messages import MessageRepository
@@ -132,12 +133,20 @@ class FactMemory:
                     after_message_id=claim.watermark,
                     num_messages=len(messages),
                 )
-                stored = await claim.record(
-                    await self._new_facts(messages),
-                    resolve,
-                    f"extractor:{self._extractor.name}",
-                    through_message_id=messages[-1].id,
-                )
+                with stage(
+                    "fact_extraction",
+                    user_pk=user_pk,
+                    num_messages=len(messages),
+                    extractor=self._extractor.name,
+                ) as extracting:
+                    new_facts = await self._new_facts(messages)
+                    extracting.record(num_facts=len(new_facts))
+                    stored = await claim.record(
+                        new_facts,
+                        resolve,
+                        f"extractor:{self._extractor.name}",
+                        through_message_id=messages[-1].id,
+                    )
             if stored is not None:  # else the watermark was moved by a restore: read again
                 num_read += len(messages)
 

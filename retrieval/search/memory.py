@@ -49,6 +49,7 @@ from retrieval.search.indexed_text import (
 )
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
 from retrieval.search.second import SecondDense, SecondList, add_stored
+from retrieval.stages import stage
 from retrieval.text import is_mostly_cjk
 from storage.embeddings import EmbeddingRepository, StoredVector, VectorSet
 from storage.messages import MessageRepository
@@ -632,29 +633,30 @@ class TurnMemory:
         lexical = LexicalScores.empty()
         if config.mode != "lexical" or query is None:
             weight = config.dense_weight_cjk if is_cjk else config.dense_weight
-            found = await self._index.search(user_pk, vector, fetch, exclude)
+            with stage("index_search", index="dense", k=fetch) as searching:
+                found = await self._index.search(user_pk, vector, fetch, exclude)
+                searching.record(num_hits=len(found))
             # An English-only model's similarity to a Chinese memory is noise.
             on_cjk = weight if config.dense_weight_cjk > 0 else 0.0
             sides.append(_Side(found, weight, on_cjk, self._index, vector))
             if self._second is not None and query is not None and self._second.is_ready(user_pk):
-                second = await self._second.query_vector(query)
-                found = await self._second.index.search(user_pk, second, fetch, exclude)
+                with stage("index_search", index="second_dense", k=fetch) as searching:
+                    second = await self._second.query_vector(query)
+                    found = await self._second.index.search(user_pk, second, fetch, exclude)
+                    searching.record(num_hits=len(found))
                 weight = config.second_weight_cjk if is_cjk else config.second_weight
                 sides.append(
                     _Side(found, weight, config.second_weight_cjk, self._second.index, second)
                 )
         if config.mode != "dense" and query is not None:
-            terms = await self._query_terms(user_pk, query, exclude)
-            lexical = self._lexical.score(user_pk, terms, fetch, exclude)
+            with stage("index_search", index="lexical", k=fetch) as searching:
+                terms = await self._query_terms(user_pk, query, exclude)
+                lexical = self._lexical.score(user_pk, terms, fetch, exclude)
+                top = lexical.top(fetch, exclude)
+                searching.record(num_hits=len(top), num_terms=len(terms))
             weight = config.lexical_weight
-            sides.append(_Side(lexical.top(fetch, exclude), weight, weight))
-        if len(sides) == 1:
-            ranked = sides[0].ranking
-        elif config.fusion == "zscore":
-            ranked = await self._standardised(user_pk, sides, lexical)
-        else:
-            rankings = [side.ranking for side in sides]
-            ranked = reciprocal_rank_fusion(rankings, [s.weight for s in sides], config.rrf_c)
+            sides.append(_Side(top, weight, weight))
+        ranked = await self._fuse(user_pk, sides, lexical)
         if config.duplicate_threshold > 1:
             return ranked[:k]
         return drop_near_duplicates(
@@ -663,6 +665,23 @@ class TurnMemory:
             config.duplicate_threshold,
             k,
         )
+
+    async def _fuse(
+        self, user_pk: int, sides: Sequence[_Side], lexical: LexicalScores
+    ) -> list[ScoredId]:
+        """The lists' rankings as one (a single list's as it is)."""
+        if len(sides) == 1:
+            return sides[0].ranking
+        method = self._config.fusion
+        with stage("fusion", method=method, num_lists=len(sides)) as fusing:
+            if method == "zscore":
+                ranked = await self._standardised(user_pk, sides, lexical)
+            else:
+                rankings = [side.ranking for side in sides]
+                weights = [side.weight for side in sides]
+                ranked = reciprocal_rank_fusion(rankings, weights, self._config.rrf_c)
+            fusing.record(num_candidates=len(ranked))
+        return ranked
 
     async def _standardised(
         self, user_pk: int, sides: Sequence[_Side], lexical: LexicalScores
@@ -787,12 +806,13 @@ class TurnMemory:
                 while batch := await self._messages.list_lacking_second_vector(
                     first, second, REPAIR_BATCH_SIZE, user_pk=user_pk
                 ):
-                    ordered = in_session_order(batch, await self._earlier(batch))
-                    stored = _stored(batch, await self._second.embed_turns(batch, ordered))
-                    versions = await self._embeddings.save_embeddings(
-                        [VectorSet(second, dimension, stored)], replace=False
-                    )
-                    await self._took_second(user_pk, stored, versions.get(user_pk))
+                    with stage("second_list_backfill", user_pk=user_pk, num_turns=len(batch)):
+                        ordered = in_session_order(batch, await self._earlier(batch))
+                        stored = _stored(batch, await self._second.embed_turns(batch, ordered))
+                        versions = await self._embeddings.save_embeddings(
+                            [VectorSet(second, dimension, stored)], replace=False
+                        )
+                        await self._took_second(user_pk, stored, versions.get(user_pk))
                     num_embedded += len(batch)
                     if on_progress is not None:
                         on_progress(len(batch))
