@@ -44,7 +44,7 @@ from storage.knowledge import KnowledgeRepository, scope_of
 from storage.messages import MessageRepository
 from storage.sessions import SessionRepository
 from storage.summaries import SummaryRepository
-from storage.users import MAX_ID, UserRepository
+from storage.users import UserRepository
 
 UserPk = FromPath[int]
 
@@ -87,7 +87,8 @@ class AdminController(Controller):
         access: NamedDependency[AccessRepository],
         tenant: Annotated[str | None, QueryParameter(min_length=1, max_length=64)] = None,
         prefix: Annotated[str | None, QueryParameter(min_length=1, max_length=255)] = None,
-        after: Annotated[int, QueryParameter(ge=0, le=MAX_ID)] = 0,
+        # 2**53 - 1: a JSON number of the schema that every client reads exactly.
+        after: Annotated[int, QueryParameter(ge=0, le=2**53 - 1)] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 1000,
     ) -> body.UserList:
         """Users (every tenant's, or one's; those whose id starts with `prefix`) by

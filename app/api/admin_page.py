@@ -51,7 +51,6 @@ from storage.facts import STATUSES
 from storage.messages import MessageRepository
 from storage.sessions import SessionRepository
 from storage.summaries import SummaryRepository
-from storage.users import MAX_ID
 
 Form = Body(media_type=RequestEncodingType.URL_ENCODED)
 CSRF_COOKIE = "memchat_csrf"
@@ -222,7 +221,8 @@ class AdminPageController(Controller):
         principal: NamedDependency[Principal],
         tenant: Annotated[str | None, QueryParameter(max_length=64)] = None,
         prefix: Annotated[str | None, QueryParameter(max_length=255)] = None,
-        after: Annotated[int, QueryParameter(ge=0, le=MAX_ID)] = 0,
+        # 2**53 - 1: a JSON number of the schema that every client reads exactly.
+        after: Annotated[int, QueryParameter(ge=0, le=2**53 - 1)] = 0,
     ) -> Template:
         tenants = await admin.list_tenants_with_counts()
         chosen = next((t for t in tenants if t.name == tenant), None)
