@@ -159,7 +159,10 @@ class E5Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         mapped = [text.translate(self._table) for text in texts]
         out: list[list[int]] = [[] for _ in mapped]
-        common = [i for i, text in enumerate(mapped) if not _UNCOMMON.search(text)]
+        common: list[int] = []
+        others: list[int] = []
+        for i, text in enumerate(mapped):
+            (others if _UNCOMMON.search(text) else common).append(i)
         if common:
             encodings = self._common.encode_batch(
                 [mapped[i] for i in common], add_special_tokens=False
@@ -167,8 +170,7 @@ class E5Tokenizer:
             for i, encoding in zip(common, encodings, strict=True):
                 ids = self._common_ids[encoding.ids].tolist()
                 out[i] = self._one_unknown_per_character(ids, encoding.offsets)
-        if len(common) < len(mapped):
-            others = sorted(set(range(len(mapped))) - set(common))
+        if others:
             encodings = self._full_tokenizer().encode_batch(
                 [mapped[i] for i in others], add_special_tokens=False
             )

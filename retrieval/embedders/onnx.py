@@ -20,6 +20,7 @@ queries of a few pieces stay with ONNX Runtime, which is faster for them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -245,11 +246,15 @@ def release_freed_memory() -> None:
     glibc's per-thread heaps, counted in the process's resident memory; trimming after
     each bulk call keeps a service that imports history near its idle size. Does
     nothing where the C library has no `malloc_trim`."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-def _find_malloc_trim() -> Callable[[int], int] | None:
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, looked up on first use (`find_library` runs `ldconfig`:
+    not at import)."""
     import ctypes
     import ctypes.util
 
@@ -260,9 +265,6 @@ def _find_malloc_trim() -> Callable[[int], int] | None:
     except (OSError, AttributeError, TypeError):
         return None
     return trim
-
-
-_malloc_trim = _find_malloc_trim()
 
 
 def pad_rows(
