@@ -57,6 +57,15 @@ class Terminal:
             pass
         return self.process.wait(timeout=max(deadline - time.monotonic(), 1))
 
+    def converse(self, *messages: str, seen: int = 0) -> int:
+        """Types each message at its prompt, then an empty line to quit; the exit code.
+        `seen`: how many prompts were already waited for."""
+        for number, message in enumerate([*messages, ""], start=1):
+            if number > seen:
+                self.wait_for("you> ", times=number)
+            self.type(message + "\n")
+        return self.wait_for_exit()
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -104,13 +113,8 @@ def test_the_screen_holds_the_conversation_and_the_summary_lines_only(
         live_server(create_app(settings, embedder=HashEmbedder(), engine=engine)) as base,
         chat(base, tmp_path, "--user-id", "zoe", log_level=log_level) as terminal,
     ):
-        terminal.wait_for("you> ")
-        terminal.type("My favourite colour is teal.\n")
-        terminal.wait_for("you> ", times=2)
-        terminal.type("What is my favourite colour?\n")
-        terminal.wait_for("you> ", times=3)
-        terminal.type("\n")
-        assert terminal.wait_for_exit() == 0
+        said = ("My favourite colour is teal.", "What is my favourite colour?")
+        assert terminal.converse(*said) == 0
     assert lines(terminal.screen) == [
         "session S (user zoe); an empty line or Ctrl-D quits",
         "you> My favourite colour is teal.",
@@ -130,11 +134,7 @@ def test_an_error_answer_and_a_failed_engine_are_one_line_each(
     app = create_app(settings, embedder=HashEmbedder(), engine=engine)
     with live_server(app) as base:
         with chat(base, tmp_path, "--session-id", UNKNOWN_SESSION) as terminal:
-            terminal.wait_for("you> ")
-            terminal.type("Hello?\n")
-            terminal.wait_for("you> ", times=2)
-            terminal.type("\n")
-            assert terminal.wait_for_exit() == 0
+            assert terminal.converse("Hello?") == 0
         assert lines(terminal.screen)[1:] == [
             "you> Hello?",
             f"assistant> [error 404] session '{UNKNOWN_SESSION}' not found",
@@ -142,11 +142,7 @@ def test_an_error_answer_and_a_failed_engine_are_one_line_each(
         ]
         engine.fail_with = EngineError("the model crashed")
         with chat(base, tmp_path) as terminal:
-            terminal.wait_for("you> ")
-            terminal.type("Hello?\n")
-            terminal.wait_for("you> ", times=2)
-            terminal.type("\n")
-            assert terminal.wait_for_exit() == 0
+            assert terminal.converse("Hello?") == 0
         assert lines(terminal.screen)[1:] == [
             "you> Hello?",
             "assistant> ",
@@ -165,10 +161,7 @@ def test_a_server_gone_mid_chat_is_one_line_and_the_chat_goes_on(
             terminal = stack.enter_context(chat(base, tmp_path))
             terminal.wait_for("you> ")
         # The server has stopped; the chat has not.
-        terminal.type("Still there?\n")
-        terminal.wait_for("you> ", times=2)
-        terminal.type("\n")
-        assert terminal.wait_for_exit() == 0
+        assert terminal.converse("Still there?", seen=1) == 0
     assert lines(terminal.screen)[1:] == [
         "you> Still there?",
         "assistant> ",
