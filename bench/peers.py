@@ -351,9 +351,10 @@ async def measure_large(system: System, turns: list[Turn], questions: list[str],
     }
 
 
-async def run_system(name: str, workloads: list[Workload], args: argparse.Namespace) -> Figures:
+async def run_system(
+    name: str, workloads: list[Workload], large: tuple[list[Turn], list[str]] | None
+) -> Figures:
     figures = Figures()
-    large = large_store(args.locomo, args.large) if args.large else None
     if name == "memchat":
         async with service(None) as client:
             system: System = Memchat(client)
@@ -446,10 +447,11 @@ async def run(args: argparse.Namespace) -> dict[str, Figures]:
     missing = [s for s in systems if s != "memchat" and not PEERS_PYTHON.exists()]
     if missing:
         raise SystemExit(f"{', '.join(missing)}: no {PEERS_PYTHON} (`make bench-peers`)")
+    large = large_store(args.locomo, args.large) if args.large else None
     results: dict[str, Figures] = {}
     for name in systems:
         started = time.perf_counter()
-        results[name] = await run_system(name, workloads, args)
+        results[name] = await run_system(name, workloads, large)
         print(f"{name}: done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return results
 
