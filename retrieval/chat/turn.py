@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import asdict
 
 from retrieval.chat.config import ChatConfig, check_text
@@ -122,12 +123,13 @@ class ChatTurn:
         tenant_id: int,
         instructions: str = "",
     ) -> TurnResult:
-        events = self.run(
-            session_id, content, params, tenant_id=tenant_id, instructions=instructions
-        )
-        async for event in events:
-            if isinstance(event, TurnResult):
-                return event
+        # Closed on return, not when collected: the turn leaves the engine queue at once.
+        async with aclosing(
+            self.run(session_id, content, params, tenant_id=tenant_id, instructions=instructions)
+        ) as events:
+            async for event in events:
+                if isinstance(event, TurnResult):
+                    return event
         raise RuntimeError("turn ended without a result")  # pragma: no cover
 
     async def _admitted(
