@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from storage.db import Database
+from storage.errors import NotFoundError
 from storage.models import Message, MessageEmbedding
 from storage.records import NewTurn, Session, Turn, records_of, to_record
 from storage.sessions import WINDOW, known_external_ids, message_row, select_turns
@@ -19,6 +21,16 @@ from storage.sessions import WINDOW, known_external_ids, message_row, select_tur
 class AppendResult:
     turns: list[Turn]
     num_skipped: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedTurn:
+    """A user message, the reply that follows it (None: none stored) and the report of
+    their turn the reply keeps (None: none kept, as for imported history)."""
+
+    message: Turn
+    reply: Turn | None
+    report: dict[str, Any] | None
 
 
 def _turns(rows: Sequence[Message]) -> list[Turn]:
@@ -114,6 +126,51 @@ class MessageRepository:
         )
         async with self._db.transaction() as session:
             return records_of(Turn, (await session.execute(query)).all())[::-1]
+
+    async def get_reported_turn(self, session_id: str, message_id: int) -> ReportedTurn:
+        """A message of a session with its reply and their turn's report; raises
+        NotFoundError if the session holds no such message."""
+        async with self._db.transaction() as session:
+            found = records_of(
+                Turn,
+                (
+                    await session.execute(
+                        select_turns().where(
+                            Message.session_id == session_id, Message.id == message_id
+                        )
+                    )
+                ).all(),
+            )
+            if not found:
+                raise NotFoundError("message", message_id)
+            message = found[0]
+            row = (
+                await session.execute(
+                    select(*select_turns().selected_columns, Message.turn_report).where(
+                        Message.session_id == session_id, Message.seq == message.seq + 1
+                    )
+                )
+            ).first()
+        if row is None or row.role != "assistant":
+            return ReportedTurn(message, None, None)
+        report = row[-1]
+        if not isinstance(report, dict) or report.get("message_id") != message.id:
+            report = None
+        return ReportedTurn(message, records_of(Turn, [row[:-1]])[0], report)
+
+    async def list_reported_message_ids(self, session_id: str) -> set[int]:
+        """The session's messages whose turn's report their reply keeps."""
+        reply = aliased(Message)
+        async with self._db.transaction() as session:
+            ids = await session.scalars(
+                select(Message.id)
+                .join(
+                    reply,
+                    (reply.session_id == Message.session_id) & (reply.seq == Message.seq + 1),
+                )
+                .where(Message.session_id == session_id, reply.turn_report.is_not(None))
+            )
+            return {int(i) for i in ids.all()}
 
     async def list_messages_by_id(self, user_pk: int, ids: Collection[int]) -> list[Turn]:
         """Messages of one user by id (order not kept; ids of other users are ignored)."""

@@ -217,6 +217,9 @@ class Message(Base):
     context_note_fact_ids: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     # What an image shared with the turn shows (from the client); indexed, not returned.
     image_caption: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A reply's report of its turn (what its prompt held, how its memories scored, where
+    # it spent its time): ids and numbers, no text. Deferred: only the inspector reads it.
+    turn_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, deferred=True)
 
 
 class MessageEmbedding(Base):

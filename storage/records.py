@@ -160,6 +160,8 @@ class NewTurn:
     context_note_tokens: int = 0
     context_note_ids: list[int] | None = None
     context_note_fact_ids: list[int] | None = None
+    # A reply's report of its turn (`retrieval.chat.turn_report`), as JSON.
+    turn_report: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

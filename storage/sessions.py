@@ -413,6 +413,7 @@ def message_row(session_id: str, user_pk: int, seq: int, new: NewTurn) -> Messag
         context_note_tokens=new.context_note_tokens,
         context_note_ids=new.context_note_ids,
         context_note_fact_ids=new.context_note_fact_ids,
+        turn_report=new.turn_report,
     )
 
 

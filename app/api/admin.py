@@ -25,6 +25,7 @@ from app.api.bodies import (
     document_body,
     erased_body,
     fact_body,
+    message_body,
     search_result_body,
     session_body,
     summary_body,
@@ -33,12 +34,14 @@ from app.api.bodies import (
 from app.api.problems import problems
 from app.api.requests import strict_body
 from retrieval.chat.search import MemorySearch
+from retrieval.chat.turn_report import report_of_stored
 from retrieval.facts.memory import FactMemory
 from retrieval.maintenance import MemoryOperations
 from retrieval.search.memory import TurnMemory
 from storage.access import AccessRepository
 from storage.admin import AdminRepository
 from storage.db import Database
+from storage.errors import NotFoundError
 from storage.facts import STATUSES
 from storage.knowledge import KnowledgeRepository, scope_of
 from storage.messages import MessageRepository
@@ -140,6 +143,27 @@ class AdminController(Controller):
         await session_of_user(sessions, user_pk, session_id)
         rows = await messages.list_messages(session_id, limit=limit, after_seq=after_seq)
         return body.AdminMessageList(messages=[admin_message_body(r) for r in rows])
+
+    @get(
+        "/users/{user_pk:int}/sessions/{session_id:str}/turns/{message_id:int}",
+        responses=problems(401, 403, 404, 503),
+    )
+    async def get_turn(
+        self,
+        user_pk: UserPk,
+        session_id: FromPath[str],
+        message_id: FromPath[int],
+        sessions: NamedDependency[SessionRepository],
+        messages: NamedDependency[MessageRepository],
+    ) -> body.AdminTurn:
+        """A user turn, its reply and the report the reply keeps; 404 for a message the
+        session does not hold, or one whose turn kept no report (imported history)."""
+        await session_of_user(sessions, user_pk, session_id)
+        found = await messages.get_reported_turn(session_id, message_id)
+        report = report_of_stored(found.report)
+        if report is None or found.reply is None:
+            raise NotFoundError("turn report", message_id)
+        return body.AdminTurn(message_body(found.message), message_body(found.reply), report)
 
     @get("/users/{user_pk:int}/facts", responses=problems(401, 403, 404, 422, 503))
     async def list_facts(

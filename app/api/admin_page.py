@@ -37,6 +37,7 @@ from markupsafe import Markup
 
 from app.access.keys import ADMIN_SESSION_COOKIE, AccessGate, Principal, admin_only
 from app.admin.actions import correct_fact, erase, remove_fact, session_of_user
+from app.admin.inspection import inspect_turn
 from app.api.admin import Deployment
 from app.api.guard import CSP_NONCE
 from app.api.requests import incoming_text
@@ -315,11 +316,35 @@ class AdminPageController(Controller):
                 "user": user,
                 "chat": chat,
                 "messages": turns,
+                "reported": await messages.list_reported_message_ids(session_id),
                 "memories": memories,
                 "facts": derived,
                 "history": history,
                 "summaries": await summaries.list_summaries(session_id),
             },
+        )
+
+    @get("/users/{user_pk:int}/sessions/{session_id:str}/turns/{message_id:int}")
+    async def turn(
+        self,
+        request: Request[Any, Any, Any],
+        user_pk: FromPath[int],
+        session_id: FromPath[str],
+        message_id: FromPath[int],
+        sessions: NamedDependency[SessionRepository],
+        messages: NamedDependency[MessageRepository],
+        fact_memory: NamedDependency[FactMemory],
+        principal: NamedDependency[Principal],
+    ) -> Template:
+        """The inspector of one turn: what its prompt held, section by section, the
+        memories it showed with their scores, the candidates and facts it left out, and
+        where it spent its time, all as stored with the turn."""
+        chat, user = await session_of_user(sessions, user_pk, session_id)
+        inspection = await inspect_turn(messages, fact_memory, user.id, session_id, message_id)
+        return page(
+            request,
+            "turn",
+            {"principal": principal, "user": user, "chat": chat, "turn": inspection},
         )
 
     @get("/audit")

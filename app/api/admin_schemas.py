@@ -8,6 +8,7 @@ from typing import Annotated
 from msgspec import Meta, Struct
 
 from app.api import schemas
+from retrieval.chat.turn_report import TurnReport
 from storage.records import AuditEntry
 
 
@@ -59,6 +60,15 @@ class AdminMessage(Struct):
 
 class AdminMessageList(Struct):
     messages: list[AdminMessage]
+
+
+class AdminTurn(Struct):
+    """A stored turn with the report its reply keeps (what the admin page's inspector
+    draws): ids, token counts, scores and timings, as stored when the turn ended."""
+
+    message: schemas.Message
+    reply: schemas.Message
+    report: TurnReport
 
 
 class SessionSummaries(Struct):

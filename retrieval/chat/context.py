@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from retrieval.chat.config import ChatConfig, check_text
 from retrieval.chat.timing import StageClock
+from retrieval.chat.turn_report import FoundMemories, weigh_memories
 from retrieval.errors import InvalidInputError
 from retrieval.facts.memory import FactMemory, fact_order
 from retrieval.knowledge.base import KnowledgeBase, KnowledgeHit
@@ -26,9 +27,10 @@ from retrieval.prompt.layout import ContextAssembler, Sections
 from retrieval.prompt.pinned import PinnedPlaces, place_pinned
 from retrieval.prompt.report import AssembledContext
 from retrieval.prompt.reuse import PrefixTracker
-from retrieval.protocols import Engine, SamplingParams
+from retrieval.protocols import Engine, SamplingParams, ScoredId
 from retrieval.search.hits import turn_hits
 from retrieval.search.memory import TurnMemory
+from retrieval.search.trace import SearchTrace
 from retrieval.stages import stage
 from retrieval.turns import SearchHit
 from retrieval.window.keeper import WindowKeeper, WindowView
@@ -47,6 +49,8 @@ class BuiltContext:
     note_tokens: int
     # The prompt's tokens, to measure the next prompt's reuse against.
     tokens: list[int]
+    # The memories shown and left out, with their scores (for the turn's report).
+    memories: FoundMemories = field(default_factory=FoundMemories)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,9 @@ class _Found:
     memories: tuple[SearchHit, ...]
     knowledge: tuple[KnowledgeHit, ...]
     places: PinnedPlaces
+    # What the search ranked and returned, before the rows were read.
+    trace: SearchTrace
+    scored: tuple[ScoredId, ...]
 
 
 class ContextBuilder:
@@ -165,12 +172,20 @@ class ContextBuilder:
             )
             note = self._assembler.turn_context(report)
             assembling.record(prompt_tokens=report.prompt_tokens)
+            weighed = await weigh_memories(
+                found.trace,
+                self._config.retrieval_k,
+                found.scored,
+                found.memories,
+                report.memories,
+            )
             return BuiltContext(
                 context=replace(assembled, report=report),
                 view=kept,
                 note=note,
                 note_tokens=await self._assembler.note_tokens(note),
                 tokens=tokens,
+                memories=weighed,
             )
 
     def _turn_budget(self, budget: ContextBudget, view: WindowView) -> ContextBudget:
@@ -209,6 +224,7 @@ class ContextBuilder:
         window as `view` has it (its turns, and the turns its context notes show, are not
         retrieved again)."""
         user = state.user
+        trace = SearchTrace()
         with clock.stage("search") as searching:
             scored, found = await asyncio.gather(
                 self._memory.search(
@@ -218,12 +234,15 @@ class ContextBuilder:
                     view.shown_ids,
                     query=content,
                     version=user.memory_version,
+                    trace=trace,
                 ),
                 self._knowledge_for(state, vector),
             )
             memories = await turn_hits(self._messages, user.id, scored, content)
             searching.record(num_memories=len(memories), num_knowledge=len(found))
-        return _Found(tuple(memories), tuple(found), _places(state, view, pinned))
+        return _Found(
+            tuple(memories), tuple(found), _places(state, view, pinned), trace, tuple(scored)
+        )
 
     async def _knowledge_for(self, state: SessionState, vector: np.ndarray) -> list[KnowledgeHit]:
         if self._knowledge is None or self._config.knowledge_k <= 0:

@@ -60,8 +60,16 @@ class StageClock:
         if name not in self._seconds:
             self._seconds[name] = time.perf_counter() - since
 
+    @property
+    def started(self) -> float:
+        """When the clock was made (`time.perf_counter`): a turn's admission."""
+        return self._started
+
     def seconds(self, name: str) -> float:
         return self._seconds.get(name, 0.0)
+
+    def seconds_or_none(self, name: str) -> float | None:
+        return self._seconds.get(name)
 
     def timings(self) -> TurnTimings:
         """The turn's timings as of now; `context` is the whole of search and assembly."""

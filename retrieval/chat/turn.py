@@ -26,6 +26,7 @@ from retrieval.chat.context import ContextBuilder
 from retrieval.chat.events import TurnEvent, TurnResult, TurnStarted
 from retrieval.chat.sessions import SessionLocks, turn_state_of_tenant
 from retrieval.chat.timing import StageClock
+from retrieval.chat.turn_report import stage_seconds, stored_report, turn_report
 from retrieval.engines.routing import Route, current_route
 from retrieval.errors import EngineBusyError
 from retrieval.prompt.reuse import PrefixTracker
@@ -234,6 +235,7 @@ class ChatTurn:
                     completion = event
                 else:
                     clock.mark_once("time_to_first_token", since=sent)
+                    clock.mark_once("first_token", since=clock.started)
                     yield event
             if completion is None:  # pragma: no cover - engines always finish with one
                 raise RuntimeError("engine stream ended without a completion")
@@ -241,6 +243,8 @@ class ChatTurn:
         # Stored as clients' text is (retrieval.text.normalise): a model can echo tag
         # characters or direction controls it was shown elsewhere.
         reply_text = normalise(completion.text)
+        seconds = stage_seconds(clock.timings(), clock.seconds_or_none("first_token"))
+        inspected = turn_report(message.id, report, built.memories, completion, seconds)
         with stage("persist", role="assistant"):
             reply = await self._append(
                 state.session,
@@ -248,6 +252,7 @@ class ChatTurn:
                     role="assistant",
                     content=reply_text,
                     token_count=await self._engine.count_tokens(reply_text),
+                    turn_report=stored_report(inspected),
                 ),
                 message.seq,
             )

@@ -49,6 +49,7 @@ from retrieval.search.indexed_text import (
 )
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
 from retrieval.search.second import SecondDense, SecondList, add_stored
+from retrieval.search.trace import SearchTrace
 from retrieval.stages import stage
 from retrieval.text import is_mostly_cjk
 from storage.embeddings import EmbeddingRepository, StoredVector, VectorSet
@@ -615,13 +616,16 @@ class TurnMemory:
         exclude: Collection[int] = (),
         query: str | None = None,
         version: int | None = None,
+        *,
+        trace: SearchTrace | None = None,
     ) -> list[ScoredId]:
         """The user's best k turns for a query, less `exclude`, best first.
 
         Without the query text only the vectors are searched; a chatty one is searched by
         the question it ends on (`searched_text`, as its vector was made). `version` is the user's
         change count as read with the user's row: the scope is caught up to it first, so
-        every turn any process acknowledged (or deleted) is found (or not).
+        every turn any process acknowledged (or deleted) is found (or not). A `trace` is
+        filled with what the search weighed (`retrieval.search.trace`).
         """
         await self.ensure_scope(user_pk, version)
         if query is not None:
@@ -657,6 +661,8 @@ class TurnMemory:
             weight = config.lexical_weight
             sides.append(_Side(top, weight, weight))
         ranked = await self._fuse(user_pk, sides, lexical)
+        if trace is not None:
+            self._keep_trace(trace, user_pk, sides, lexical, ranked)
         if config.duplicate_threshold > 1:
             return ranked[:k]
         return drop_near_duplicates(
@@ -709,6 +715,31 @@ class TurnMemory:
                     {i: side.weight_cjk if i in in_cjk else side.weight for i in candidates}
                 )
         return standardised_fusion([side.ranking for side in sides], exact, weights)
+
+    def _keep_trace(
+        self,
+        trace: SearchTrace,
+        user_pk: int,
+        sides: Sequence[_Side],
+        lexical: LexicalScores,
+        ranked: Sequence[ScoredId],
+    ) -> None:
+        """Fill a search's trace: its fused ranking, and a scorer of each list's exact
+        score (the vectors' inner products, the lexical side's BM25 of the weighted query
+        its ranking came from), as the fusion weighs them."""
+
+        async def scores(ids: Collection[int]) -> dict[str, Mapping[int, float]]:
+            found: dict[str, Mapping[int, float]] = {}
+            for side in sides:
+                if side.index is None or side.vector is None:
+                    found["lexical"] = lexical.of(ids)
+                else:
+                    name = "dense" if side.index is self._index else "second"
+                    found[name] = await side.index.similarities(user_pk, side.vector, ids)
+            return found
+
+        trace.ranked = list(ranked)
+        trace.scorer = scores
 
     async def _query_terms(
         self, user_pk: int, query: str, exclude: Collection[int]
