@@ -12,7 +12,6 @@ import shlex
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -175,16 +174,20 @@ def test_a_server_gone_mid_chat_is_one_line_and_the_chat_goes_on(
 
 
 class TmuxPane:
-    """A command in a detached tmux session on a server of its own (its own socket, its
-    own empty configuration), so that the test never touches anyone's sessions: the
-    screen as tmux draws it (`capture-pane`) and a keyboard (`send-keys`)."""
+    """A command in a detached tmux session on a server of its own (its own socket, in
+    `directory`, and an empty configuration), so that the test never touches anyone's
+    sessions: the screen as tmux draws it (`capture-pane`) and a keyboard (`send-keys`).
+    The command's exit status goes to a file beside the socket: tmux's `pane_dead_status`
+    is at times still empty once the pane is dead."""
 
-    def __init__(self, tmux: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        self._tmux = [tmux, "-u", "-f", os.devnull, "-L", f"memchat-test-{uuid.uuid4().hex}"]
-        self._run(
-            "new-session", "-d", "-s", "chat", "-x", "120", "-y", "40", shlex.join(argv), env=env
-        )
-        # The pane stays on the screen once the chat has ended, with its exit status.
+    def __init__(
+        self, tmux: str, directory: Path, argv: Sequence[str], env: Mapping[str, str]
+    ) -> None:
+        self._tmux = [tmux, "-u", "-f", os.devnull, "-S", str(directory / "tmux.socket")]
+        self._status = directory / "exit-status"
+        command = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(self._status))}"
+        self._run("new-session", "-d", "-s", "chat", "-x", "120", "-y", "40", command, env=env)
+        # The pane stays on the screen once the command has ended (to show why it did).
         self._run("set-option", "-t", "chat", "remain-on-exit", "on")
 
     def _run(self, *args: str, env: Mapping[str, str] | None = None) -> str:
@@ -218,11 +221,8 @@ class TmuxPane:
     def exit_status(self, timeout_s: float = 30) -> int:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            dead, _, status = self._run(
-                "display-message", "-p", "-t", "chat", "#{pane_dead} #{pane_dead_status}"
-            ).partition(" ")
-            if dead == "1" and status.strip():  # the status comes just after the death
-                return int(status)
+            if self._status.exists() and self._status.read_text().endswith("\n"):
+                return int(self._status.read_text())
             time.sleep(0.05)
         pytest.fail("the chat did not end:\n" + "\n".join(self.screen))
 
@@ -242,7 +242,7 @@ def test_in_tmux_the_pane_holds_the_conversation_and_one_line_per_error(
     pane = None
     try:
         with live_server(create_app(settings, embedder=HashEmbedder(), engine=engine)) as base:
-            pane = TmuxPane(tmux, [*argv, "--url", base], env)
+            pane = TmuxPane(tmux, tmp_path, [*argv, "--url", base], env)
             for number, message in enumerate(
                 ("My favourite colour is teal.", "我最喜欢什么颜色？"), start=1
             ):
