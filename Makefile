@@ -15,7 +15,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser haproxy peers bench-peers
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser haproxy tmux peers bench-peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,12 @@ haproxy:
 		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		  $(SUDO) apt-get install -y -qq haproxy; }
 
+# `memchat chat`'s terminal test runs it in a detached tmux session: Debian's tmux.
+tmux:
+	@command -v tmux >/dev/null || \
+		{ $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		  $(SUDO) apt-get install -y -qq tmux; }
+
 # The memory libraries `bench/peers.py` runs beside memchat, each pinned to the version
 # its figures were taken with, in a virtualenv of their own (never the service's).
 PEERS_VENV ?= .venv-peers
@@ -112,7 +118,7 @@ bench-peers: install-dev peers
 	$(BIN)/python bench/peers.py --json bench/results/peers.json \
 		--markdown bench/results/peers.md --plot bench/results/peers.png
 
-test: lint vllm browser haproxy peers
+test: lint vllm browser haproxy tmux peers
 	$(BIN)/pytest
 
 bench: install-dev

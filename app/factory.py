@@ -34,6 +34,7 @@ from app.access.keys import (
 from app.access.proxies import ProxyTrust
 from app.access.rate_limits import RedisRateLimits
 from app.api.admin import AdminController, Deployment
+from app.api.admin_inspector import AdminInspectorController
 from app.api.admin_page import (
     AdminLoginController,
     AdminPageController,
@@ -200,6 +201,7 @@ def create_app(
             FactController,
             KnowledgeController,
             AdminController,
+            AdminInspectorController,
             AdminLoginController,
             AdminPageController,
             healthz,

@@ -1,5 +1,6 @@
-"""`memchat chat` on a terminal, against a live server: the screen holds the conversation
-and each turn's summary line, no log line, and whatever goes wrong as one line."""
+"""`memchat chat` on a terminal (a pseudo-terminal, and a tmux pane), against a live
+server: the screen holds the conversation and each turn's summary line, no log line, and
+whatever goes wrong as one line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import pty
 import re
 import select
+import shlex
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -167,6 +170,106 @@ def test_a_server_gone_mid_chat_is_one_line_and_the_chat_goes_on(
         "assistant> ",
         f"[error] cannot reach memchat at {base}: [Errno 111] Connection refused",
         "you> ",
+    ]
+
+
+class TmuxPane:
+    """A command in a detached tmux session on a server of its own (its own socket, in
+    `directory`, and an empty configuration), so that the test never touches anyone's
+    sessions: the screen as tmux draws it (`capture-pane`) and a keyboard (`send-keys`).
+    The command's exit status goes to a file beside the socket: tmux's `pane_dead_status`
+    is at times still empty once the pane is dead."""
+
+    def __init__(
+        self, tmux: str, directory: Path, argv: Sequence[str], env: Mapping[str, str]
+    ) -> None:
+        self._tmux = [tmux, "-u", "-f", os.devnull, "-S", str(directory / "tmux.socket")]
+        self._status = directory / "exit-status"
+        command = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(self._status))}"
+        self._run("new-session", "-d", "-s", "chat", "-x", "120", "-y", "40", command, env=env)
+        # The pane stays on the screen once the command has ended (to show why it did).
+        self._run("set-option", "-t", "chat", "remain-on-exit", "on")
+
+    def _run(self, *args: str, env: Mapping[str, str] | None = None) -> str:
+        done = subprocess.run(
+            [*self._tmux, *args], env=env, capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    @property
+    def screen(self) -> list[str]:
+        """The pane's lines, wrapped lines joined, without the empty ones below the last."""
+        lines = self._run("capture-pane", "-p", "-J", "-t", "chat").splitlines()
+        while lines and not lines[-1].strip():
+            lines.pop()
+        return [line.rstrip() for line in lines]
+
+    def type(self, text: str) -> None:
+        if text:
+            self._run("send-keys", "-t", "chat", "-l", text)
+        self._run("send-keys", "-t", "chat", "Enter")
+
+    def wait_for_prompt(self, number: int, timeout_s: float = 60) -> None:
+        """Until the chat's `number`th prompt is in the pane: type only at a prompt."""
+        deadline = time.monotonic() + timeout_s
+        while sum(line.startswith("you>") for line in self.screen) < number:
+            if time.monotonic() > deadline:
+                pytest.fail(f"no prompt {number} in the pane:\n" + "\n".join(self.screen))
+            time.sleep(0.05)
+
+    def exit_status(self, timeout_s: float = 30) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._status.exists() and self._status.read_text().endswith("\n"):
+                return int(self._status.read_text())
+            time.sleep(0.05)
+        pytest.fail("the chat did not end:\n" + "\n".join(self.screen))
+
+    def close(self) -> None:
+        subprocess.run([*self._tmux, "kill-server"], capture_output=True, timeout=30)
+
+
+def test_in_tmux_the_pane_holds_the_conversation_and_one_line_per_error(
+    settings: Settings, tmp_path: Path
+) -> None:
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        pytest.skip("tmux is not installed: `memchat chat` in tmux is NOT TESTED (make tmux)")
+    engine = ScriptedEngine(["Teal is a fine colour.", "你最喜欢青色。"])
+    env = cli_env(tmp_path) | {"MEMCHAT_LOG_LEVEL": "debug", "LC_ALL": "C.UTF-8"}
+    argv = [*MEMCHAT, "chat", "--user-id", "zoe"]
+    pane = None
+    try:
+        with live_server(create_app(settings, embedder=HashEmbedder(), engine=engine)) as base:
+            pane = TmuxPane(tmux, tmp_path, [*argv, "--url", base], env)
+            for number, message in enumerate(
+                ("My favourite colour is teal.", "我最喜欢什么颜色？"), start=1
+            ):
+                pane.wait_for_prompt(number)
+                pane.type(message)
+            pane.wait_for_prompt(3)
+        # The server has stopped; the chat has not.
+        pane.type("Still there?")
+        pane.wait_for_prompt(4)
+        screen = pane.screen
+        pane.type("")
+        assert pane.exit_status() == 0
+    finally:
+        if pane is not None:
+            pane.close()
+    assert lines("\n".join(screen)) == [
+        "session S (user zoe); an empty line or Ctrl-D quits",
+        "you> My favourite colour is teal.",
+        "assistant> Teal is a fine colour.",
+        "[5 tokens, 0 memories used]",
+        "you> 我最喜欢什么颜色？",
+        "assistant> 你最喜欢青色。",
+        "[1 tokens, 0 memories used]",
+        "you> Still there?",
+        "assistant>",
+        f"[error] cannot reach memchat at {base}: [Errno 111] Connection refused",
+        "you>",
     ]
 
 

@@ -1,5 +1,8 @@
 """The vLLM adapter against two real vLLM servers on the CPU, started by these tests.
 
+A chat turn's trace context reaches server A as it arrives there: through a recording
+pass-through in front of it (tests.vllm_servers.RecordingProxy).
+
 Server A and server B serve the same SmolLM2 checkpoint. The last test kills A mid-reply,
 so the order of the tests in this module matters.
 """
@@ -14,6 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app.factory import create_app
 from app.settings import EngineSettings, Settings, VllmSettings
@@ -27,7 +33,8 @@ from tests.clients import local_client
 from tests.fakes import HashEmbedder
 from tests.live import live_server
 from tests.test_api_sessions import create_session, parse_sse
-from tests.vllm_servers import BLOCK_SIZE, LocalServer, running_servers
+from tests.test_tracing import one, request_trace
+from tests.vllm_servers import BLOCK_SIZE, LocalServer, recording_proxy, running_servers
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -219,6 +226,56 @@ async def test_api_turns_on_vllm_count_exactly_and_hit_the_cache(
         assert metric_sum(published, "memchat_engine_prefix_cache_queries_tokens") == queries
         rate = metric_sum(published, "memchat_engine_prefix_cache_hit_rate")
         assert rate == pytest.approx(hits / queries)
+
+
+async def test_a_turns_trace_context_reaches_the_vllm_server(
+    tmp_path: Path, sqlite_url: str, servers: list[LocalServer]
+) -> None:
+    """The request that reaches vLLM for a streamed turn names the turn's trace, and the
+    engine call's span (`chat {model}`, a child of the turn's) as its parent."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    server = servers[0]
+    with recording_proxy(server.url) as proxy:
+        settings = Settings(
+            data_dir=tmp_path / "data",
+            database_url=sqlite_url,
+            engine=EngineSettings(kind="vllm", vllm=VllmSettings(urls=[proxy.url])),
+        )
+        app = create_app(settings, embedder=HashEmbedder(), tracer_provider=provider)
+        async with local_client(app, timeout=120) as client:
+            session = await create_session(client)
+            exporter.clear()
+            proxy.requests.clear()
+            served_before = _prompt_tokens_served(server.url)
+            body = {"content": "我对花生过敏。What can I snack on?", "max_tokens": 8,
+                    "temperature": 0, "stream": True}  # fmt: skip
+            response = await client.post(f"/v1/sessions/{session['id']}/messages", json=body)
+    assert response.status_code == 200, response.text
+    events = parse_sse(response.text)
+    assert [name for name, _ in events][-1] == "done"
+    done = json.loads(events[-1][1])
+    streamed = "".join(json.loads(data)["text"] for name, data in events if name == "token")
+    assert streamed == done["reply"]["content"] != ""
+    # The reply is the real server's: it read exactly the turn's prompt.
+    served = _prompt_tokens_served(server.url) - served_before
+    assert round(served) == done["usage"]["prompt_tokens"] > 0
+
+    spans = request_trace(exporter.get_finished_spans(), "POST /v1/sessions/{session_id}/messages")
+    turn, generation = one(spans, "memchat.chat_turn"), one(spans, f"chat {SERVED_MODEL}")
+    assert turn.context is not None and generation.context is not None
+    assert generation.parent is not None
+    assert generation.parent.span_id == turn.context.span_id
+    trace_id = f"{turn.context.trace_id:032x}"
+    sent = [h for _, path, h in proxy.requests if path == "/v1/chat/completions"]
+    assert len(sent) == 1
+    flags = int(generation.context.trace_flags)
+    assert flags & 1  # sampled
+    parent = f"{generation.context.span_id:016x}"
+    assert sent[0]["traceparent"] == f"00-{trace_id}-{parent}-{flags:02x}"
+    # Every request of the turn (its token counts too) continues the turn's trace.
+    assert {h["traceparent"].split("-")[1] for _, _, h in proxy.requests} == {trace_id}
 
 
 def _session_on(client: httpx.Client, target: LocalServer, servers: list[LocalServer]) -> str:

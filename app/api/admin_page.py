@@ -36,8 +36,7 @@ from litestar.status_codes import HTTP_303_SEE_OTHER
 from markupsafe import Markup
 
 from app.access.keys import ADMIN_SESSION_COOKIE, AccessGate, Principal, admin_only
-from app.admin.actions import correct_fact, erase, remove_fact, session_of_user
-from app.admin.inspection import inspect_turn
+from app.admin.actions import correct_fact, erase, remove_fact
 from app.api.admin import Deployment
 from app.api.guard import CSP_NONCE
 from app.api.requests import incoming_text
@@ -49,9 +48,7 @@ from storage.access import AccessRepository
 from storage.admin import AdminRepository
 from storage.db import Database
 from storage.facts import STATUSES
-from storage.messages import MessageRepository
 from storage.sessions import SessionRepository
-from storage.summaries import SummaryRepository
 
 Form = Body(media_type=RequestEncodingType.URL_ENCODED)
 CSRF_COOKIE = "memchat_csrf"
@@ -285,66 +282,6 @@ class AdminPageController(Controller):
                 "query": q or "",
                 "hits": hits,
             },
-        )
-
-    @get("/users/{user_pk:int}/sessions/{session_id:str}")
-    async def conversation(
-        self,
-        request: Request[Any, Any, Any],
-        user_pk: FromPath[int],
-        session_id: FromPath[str],
-        sessions: NamedDependency[SessionRepository],
-        messages: NamedDependency[MessageRepository],
-        fact_memory: NamedDependency[FactMemory],
-        summaries: NamedDependency[SummaryRepository],
-        principal: NamedDependency[Principal],
-    ) -> Template:
-        """A conversation beside the facts and summaries derived from it; each user turn
-        shows the memories, knowledge and facts it was sent with."""
-        chat, user = await session_of_user(sessions, user_pk, session_id)
-        turns = await messages.list_messages(session_id, limit=10_000, after_seq=0)
-        memory_ids = {i for m in turns for i in (m.context_note_ids or [])}
-        memories = {m.id: m for m in await messages.list_messages_by_id(user.id, memory_ids)}
-        message_ids = {m.id for m in turns}
-        facts, history = await fact_memory.list_facts(user.id, STATUSES, with_history=True)
-        derived = [f for f in facts if message_ids & set(f.source_message_ids or [])]
-        return page(
-            request,
-            "conversation",
-            {
-                "principal": principal,
-                "user": user,
-                "chat": chat,
-                "messages": turns,
-                "reported": await messages.list_reported_message_ids(session_id),
-                "memories": memories,
-                "facts": derived,
-                "history": history,
-                "summaries": await summaries.list_summaries(session_id),
-            },
-        )
-
-    @get("/users/{user_pk:int}/sessions/{session_id:str}/turns/{message_id:int}")
-    async def turn(
-        self,
-        request: Request[Any, Any, Any],
-        user_pk: FromPath[int],
-        session_id: FromPath[str],
-        message_id: FromPath[int],
-        sessions: NamedDependency[SessionRepository],
-        messages: NamedDependency[MessageRepository],
-        fact_memory: NamedDependency[FactMemory],
-        principal: NamedDependency[Principal],
-    ) -> Template:
-        """The inspector of one turn: what its prompt held, section by section, the
-        memories it showed with their scores, the candidates and facts it left out, and
-        where it spent its time, all as stored with the turn."""
-        chat, user = await session_of_user(sessions, user_pk, session_id)
-        inspection = await inspect_turn(messages, fact_memory, user.id, session_id, message_id)
-        return page(
-            request,
-            "turn",
-            {"principal": principal, "user": user, "chat": chat, "turn": inspection},
         )
 
     @get("/audit")
