@@ -107,6 +107,7 @@ def retrieval_config(settings: RetrievalSettings, reads_cjk: bool = False) -> Re
         second_text=TextRecipe(**settings.second_text.model_dump()),
         second_weight=settings.second_weight,
         second_weight_cjk=settings.second_weight_cjk,
+        piece_weight=settings.piece_weight,
         lexical_weight=settings.lexical_weight,
         duplicate_threshold=settings.duplicate_threshold,
         feedback=Feedback(

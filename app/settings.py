@@ -232,6 +232,9 @@ class RetrievalSettings(BaseModel):
     second_weight: float = Field(0.3, ge=0)
     second_weight_cjk: float = Field(1.5, ge=0)
     lexical_weight: float = Field(1.0, ge=0)
+    # A query of several sentences: each dense list scores a memory by its similarity to
+    # the whole query plus this much of its best similarity to one sentence (0: off).
+    piece_weight: float = Field(1.0, ge=0)
     # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
     duplicate_threshold: float = Field(0.9, gt=0)
     # Pseudo-relevance feedback of the lexical search (0 documents: off).

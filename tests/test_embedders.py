@@ -119,4 +119,11 @@ def test_length_batches_group_similar_lengths_under_a_token_budget() -> None:
     assert [b.tolist() for b in batches] == [[1, 3, 0], [2, 4], [5]]
     # A row longer than the budget still goes, alone; no budget: rows only.
     assert [b.tolist() for b in length_batches([900, 10], 4, 600)] == [[1], [0]]
-    assert [b.tolist() for b in length_batches(lengths, 4, None)] == [[1, 3, 0, 2], [4, 5]]
+    assert [b.tolist() for b in length_batches(lengths, 4, None)] == [[1, 3, 0], [2, 4, 5]]
+    # A long query apart from its short sentences; rows within the slack stay together.
+    assert [b.tolist() for b in length_batches([170, 12, 20, 9, 30, 25], 64, None)] == [
+        [3, 1, 2, 5],
+        [4],
+        [0],
+    ]
+    assert [b.tolist() for b in length_batches([3, 19, 20], 64, None)] == [[0, 1], [2]]

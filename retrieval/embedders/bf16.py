@@ -50,6 +50,10 @@ def takes_token_types(model: Any) -> bool:
     return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
+# Models load one after the other (`Bf16Transformer.load`).
+_LOAD_LOCK = threading.Lock()
+
+
 def has_bf16_matrix_units(flags: frozenset[str] | None = None) -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles)."""
     flags = cpu_flags() if flags is None else flags
@@ -80,7 +84,6 @@ class Bf16Transformer:
         # `_state_lock` guards `_started` only (never held while loading), so `ready`
         # never waits for a load in progress.
         self._state_lock = threading.Lock()
-        self._load_lock = threading.Lock()
         # torch modules are not safe to call from several threads at once.
         self._call_lock = threading.Lock()
         self._loaded = threading.Event()
@@ -99,7 +102,10 @@ class Bf16Transformer:
 
     def load(self) -> None:
         """Load the model now, in this thread (idempotent)."""
-        with self._load_lock:
+        # One load at a time in the process: two models loading at once (the default
+        # embedder's and the second's) import transformers from two threads, and one
+        # of them may find the module half imported ("cannot import name AutoModel").
+        with _LOAD_LOCK:
             if self._model is not None:
                 return
             # The process must never reach a model hub; weights come from the path only.

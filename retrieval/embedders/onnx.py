@@ -42,6 +42,8 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # From this many texts in one call, the bfloat16 path (where enabled) is faster: 8 texts
 # 8.4 against 14.2 ms on two cores with AMX; 4 texts about the same.
 BULK_MIN_TEXTS = 8
+# Rows up to this many tokens longer than a batch's shortest may share its passes.
+PADDING_SLACK = 16
 # ONNX Runtime's buffers for one pass grow with rows x tokens (attention: with tokens
 # squared): a pass holds at most this many tokens, so that long texts go in smaller
 # batches and the buffers kept for the next call stay small. Short texts (LoCoMo's
@@ -224,12 +226,17 @@ def length_batches(
     lengths: Sequence[int], max_rows: int, max_tokens: int | None
 ) -> list[np.ndarray]:
     """Positions of `lengths` in batches of similar length (little padding): at most
-    `max_rows` rows, and at most `max_tokens` tokens once padded (a longer row alone)."""
+    `max_rows` rows, at most `max_tokens` tokens once padded (a longer row alone), and
+    no row longer than twice the batch's shortest (or `PADDING_SLACK` tokens more): a
+    long query and its short sentences (retrieval/search/pieces.py) padded to one length
+    cost five times what they cost apart."""
     order = np.argsort(np.asarray(lengths), kind="stable")
     batches: list[np.ndarray] = []
     start = 0
     while start < len(order):
         end = min(start + max_rows, len(order))
+        longest = max(2 * lengths[order[start]], lengths[order[start]] + PADDING_SLACK)
+        end = start + int(np.searchsorted([lengths[i] for i in order[start:end]], longest, "right"))
         if max_tokens is not None:
             # Rows go by growing length: the batch's padded size is its last row's.
             while end - start > 1 and (end - start) * lengths[order[end - 1]] > max_tokens:

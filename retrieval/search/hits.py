@@ -8,6 +8,12 @@ is answered by what the user said; the assistant's reply to it often repeats its
 question, a reply found above the user turn it answers (the turn just before it in its
 session, found too) gives that turn its place and score: the set found is the same, only
 the order changes.
+
+Nor does a question the user once asked ("What's a quick breakfast?", "Which fruits are
+high in vitamin C?") say anything about them, nor the reply it got: asked about the user,
+the stored questions found, and the replies to them found with them, go after the other
+hits ("What do I drink in the morning?" finds "I don't drink coffee anymore, only green
+tea." first, not the breakfast question).
 """
 
 from __future__ import annotations
@@ -24,8 +30,38 @@ from storage.messages import MessageRepository
 FIRST_PERSON = re.compile(r"\b(?:i|me|my|mine|myself)\b|我", re.IGNORECASE)
 
 
+# A stored question: its text ends with a question mark (closing quotes and brackets
+# may follow).
+_ENDS_ASKING = re.compile(r"[?？][\s\"'”’)）」』]*$")
+
+
 def asks_about_the_user(query: str) -> bool:
     return FIRST_PERSON.search(query) is not None
+
+
+def is_question(text: str) -> bool:
+    return _ENDS_ASKING.search(text) is not None
+
+
+def statements_first(hits: Sequence[SearchHit]) -> list[SearchHit]:
+    """The stored questions found, and the assistant's replies to them (the turn just
+    after one, in its session) found too, after the other hits, each part in its order;
+    a hit moved down takes at most the score of the last hit above it."""
+    asked = {(h.turn.session_id, h.turn.seq) for h in hits if is_question(h.turn.content)}
+    later = [
+        h
+        for h in hits
+        if (h.turn.session_id, h.turn.seq) in asked
+        or (h.turn.role == "assistant" and (h.turn.session_id, h.turn.seq - 1) in asked)
+    ]
+    if not later:
+        return list(hits)
+    moved = {id(h) for h in later}
+    first = [h for h in hits if id(h) not in moved]
+    if not first:
+        return list(hits)
+    floor = first[-1].score
+    return [*first, *(replace(h, score=min(h.score, floor)) for h in later)]
 
 
 def sources_before_replies(hits: Sequence[SearchHit]) -> list[SearchHit]:
@@ -58,9 +94,10 @@ async def turn_hits(
     query: str | None = None,
 ) -> list[SearchHit]:
     """The stored turns of search hits, best first; hits deleted meanwhile are dropped.
-    With the query, a question about the user puts the user's words before replies."""
+    With the query, a question about the user puts the user's words before replies, and
+    stored questions (with their replies) after the other hits."""
     rows = {t.id: t for t in await messages.list_messages_by_id(user_pk, [h.id for h in scored])}
     hits = [SearchHit(rows[h.id], h.score) for h in scored if h.id in rows]
     if query is not None and asks_about_the_user(query):
-        return sources_before_replies(hits)
+        return sources_before_replies(statements_first(hits))
     return hits

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,7 @@ from retrieval.search.indexed_text import (
     mean_of_pieces,
 )
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
+from retrieval.search.pieces import PieceScorer, QueryVectors, query_pieces
 from retrieval.search.second import SecondDense, SecondList, add_stored
 from retrieval.search.trace import SearchTrace
 from retrieval.stages import stage
@@ -125,6 +126,10 @@ class RetrievalConfig:
     second_weight: float = 0.3
     second_weight_cjk: float = 1.5
     lexical_weight: float = 1.0
+    # A query of several sentences: a dense list's score of a memory is its similarity
+    # to the whole query plus this much of its best similarity to one sentence
+    # (retrieval/search/pieces.py; 0: the whole query only).
+    piece_weight: float = 1.0
     duplicate_threshold: float = 0.9
     feedback: Feedback = field(default_factory=Feedback)
     # Terms of neighbouring turns count this much in a turn's lexical document.
@@ -143,16 +148,28 @@ class TurnVectors:
     second: np.ndarray | None = None
 
 
+# A list's exact score of any candidate (ids it cannot score left out).
+_Scorer = Callable[[Collection[int]], Awaitable[Mapping[int, float]]]
+
+
 @dataclass(frozen=True, slots=True)
 class _Side:
-    """One list of a search: its ranking, its weight of a memory in English and of one
-    mostly in CJK script, and (a dense list) its index and the query's vector there."""
+    """One list of a search: its name ("dense", "second", "lexical"), its ranking, its
+    weight of a memory in English and of one mostly in CJK script, and its exact score
+    of any candidate."""
 
+    name: str
     ranking: list[ScoredId]
     weight: float
     weight_cjk: float
-    index: VectorIndex | None = None
-    vector: np.ndarray | None = None
+    exact: _Scorer
+
+
+def _lexical_scorer(lexical: LexicalScores) -> _Scorer:
+    async def scores(ids: Collection[int]) -> Mapping[int, float]:
+        return lexical.of(ids)
+
+    return scores
 
 
 def _stored(turns: Sequence[Turn], matrix: np.ndarray) -> list[StoredVector]:
@@ -204,6 +221,8 @@ class TurnMemory:
         )
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
+        # The first embedder's vectors of queries' pieces (retrieval/search/pieces.py).
+        self._queries = QueryVectors()
         self._texts_loaded: set[int] = set()
         self._scope_locks: dict[int, asyncio.Lock] = {}
         # Each open scope's `memory_version`: the user's change count it is caught up to.
@@ -285,15 +304,18 @@ class TurnMemory:
         search itself embeds nothing."""
         query = searched_text(query)
         words = self._neighbours.words_to_embed(user_pk, query)
+        pieces = self._queries.missing(self._pieces_of(query))
         if isinstance(self._embedder, QueryEmbedder):
             await self._embed_second_query(query)
-            vector = (await self.embed_queries([query]))[0]
+            vectors = await self.embed_queries([query, *pieces])
+            self._queries.put(pieces, vectors[1:])
             if words:
                 self._neighbours.give_vectors(user_pk, words, await self.embed(words))
-            return vector
-        vectors = await self.embed([query, *words])
+            return vectors[0]
+        vectors = await self.embed([query, *pieces, *words])
         await self._embed_second_query(query)
-        self._neighbours.give_vectors(user_pk, words, vectors[1:])
+        self._queries.put(pieces, vectors[1 : 1 + len(pieces)])
+        self._neighbours.give_vectors(user_pk, words, vectors[1 + len(pieces) :])
         return vectors[0]
 
     async def embed_turn(
@@ -318,15 +340,20 @@ class TurnMemory:
             return asked, TurnVectors(first, second)
         query = searched_text(query)
         words = self._neighbours.words_to_embed(turn.user_pk, query)
-        vectors = await self.embed([query, *words, *own])
+        pieces = self._queries.missing(self._pieces_of(query))
+        vectors = await self.embed([query, *pieces, *words, *own])
         await self._embed_second_query(query)
-        self._neighbours.give_vectors(turn.user_pk, words, vectors[1 : 1 + len(words)])
-        first = mean_of_pieces(vectors[1 + len(words) :], [len(own)])[0]
+        asked = 1 + len(pieces) + len(words)
+        self._queries.put(pieces, vectors[1 : 1 + len(pieces)])
+        self._neighbours.give_vectors(turn.user_pk, words, vectors[1 + len(pieces) : asked])
+        first = mean_of_pieces(vectors[asked:], [len(own)])[0]
         return vectors[0], TurnVectors(first, second)
 
     async def _embed_second_query(self, query: str) -> None:
+        """The second embedder's vectors of a (searched) query and its pieces, kept for
+        the search that follows."""
         if self._second is not None:
-            await self._second.embed_query(query)
+            await self._second.embed_query(query, self._pieces_of(query))
 
     async def num_vectors(self) -> int:
         """Vectors in the open scopes of the turn index."""
@@ -635,23 +662,27 @@ class TurnMemory:
         is_cjk = is_mostly_cjk(query or "")
         sides: list[_Side] = []
         lexical = LexicalScores.empty()
+        pieces = self._pieces_of(query)
         if config.mode != "lexical" or query is None:
             weight = config.dense_weight_cjk if is_cjk else config.dense_weight
-            with stage("index_search", index="dense", k=fetch) as searching:
-                found = await self._index.search(user_pk, vector, fetch, exclude)
-                searching.record(num_hits=len(found))
             # An English-only model's similarity to a Chinese memory is noise.
             on_cjk = weight if config.dense_weight_cjk > 0 else 0.0
-            sides.append(_Side(found, weight, on_cjk, self._index, vector))
+            piece_vectors = await self._queries.of(pieces, self._embed_query_texts)
+            with stage("index_search", index="dense", k=fetch) as searching:
+                found, exact = await self._dense_list(
+                    self._index, user_pk, vector, piece_vectors, fetch, exclude
+                )
+                searching.record(num_hits=len(found), num_pieces=len(pieces))
+            sides.append(_Side("dense", found, weight, on_cjk, exact))
             if self._second is not None and query is not None and self._second.is_ready(user_pk):
                 with stage("index_search", index="second_dense", k=fetch) as searching:
-                    second = await self._second.query_vector(query)
-                    found = await self._second.index.search(user_pk, second, fetch, exclude)
-                    searching.record(num_hits=len(found))
+                    second, second_pieces = await self._second.query_vectors(query, pieces)
+                    found, exact = await self._dense_list(
+                        self._second.index, user_pk, second, second_pieces, fetch, exclude
+                    )
+                    searching.record(num_hits=len(found), num_pieces=len(pieces))
                 weight = config.second_weight_cjk if is_cjk else config.second_weight
-                sides.append(
-                    _Side(found, weight, config.second_weight_cjk, self._second.index, second)
-                )
+                sides.append(_Side("second", found, weight, config.second_weight_cjk, exact))
         if config.mode != "dense" and query is not None:
             with stage("index_search", index="lexical", k=fetch) as searching:
                 terms = await self._query_terms(user_pk, query, exclude)
@@ -659,7 +690,7 @@ class TurnMemory:
                 top = lexical.top(fetch, exclude)
                 searching.record(num_hits=len(top), num_terms=len(terms))
             weight = config.lexical_weight
-            sides.append(_Side(top, weight, weight))
+            sides.append(_Side("lexical", top, weight, weight, _lexical_scorer(lexical)))
         ranked = await self._fuse(user_pk, sides, lexical)
         if trace is not None:
             self._keep_trace(trace, user_pk, sides, lexical, ranked)
@@ -671,6 +702,40 @@ class TurnMemory:
             config.duplicate_threshold,
             k,
         )
+
+    def _pieces_of(self, query: str | None) -> list[str]:
+        """The sentences a (searched) query is also searched by, if any."""
+        if query is None or self._config.piece_weight <= 0:
+            return []
+        return query_pieces(query)
+
+    async def _embed_query_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of query texts by the first embedder (its query vectors where it
+        tells them apart)."""
+        if not texts:
+            return np.zeros((0, self._embedder.dimension), dtype=np.float32)
+        return await self.embed_queries(texts)
+
+    async def _dense_list(
+        self,
+        index: VectorIndex,
+        user_pk: int,
+        vector: np.ndarray,
+        pieces: np.ndarray,
+        fetch: int,
+        exclude: Collection[int],
+    ) -> tuple[list[ScoredId], _Scorer]:
+        """A dense list's hits and its exact scorer: by the query's vector, or where the
+        query has pieces (their vectors, `pieces`) by the combined score of
+        retrieval/search/pieces.py."""
+        if not len(pieces):
+
+            async def similarities(ids: Collection[int]) -> Mapping[int, float]:
+                return await index.similarities(user_pk, vector, ids)
+
+            return await index.search(user_pk, vector, fetch, exclude), similarities
+        scorer = PieceScorer(index, user_pk, vector, pieces, self._config.piece_weight)
+        return await scorer.search(fetch, exclude), scorer.scores
 
     async def _fuse(
         self, user_pk: int, sides: Sequence[_Side], lexical: LexicalScores
@@ -704,10 +769,7 @@ class TurnMemory:
         exact: list[Mapping[int, float]] = []
         weights: list[float | Mapping[int, float]] = []
         for side in sides:
-            if side.index is None or side.vector is None:
-                exact.append(lexical.of(candidates))
-            else:
-                exact.append(await side.index.similarities(user_pk, side.vector, candidates))
+            exact.append(await side.exact(candidates))
             if side.weight_cjk == side.weight or not in_cjk:
                 weights.append(side.weight)
             else:
@@ -729,14 +791,7 @@ class TurnMemory:
         its ranking came from), as the fusion weighs them."""
 
         async def scores(ids: Collection[int]) -> dict[str, Mapping[int, float]]:
-            found: dict[str, Mapping[int, float]] = {}
-            for side in sides:
-                if side.index is None or side.vector is None:
-                    found["lexical"] = lexical.of(ids)
-                else:
-                    name = "dense" if side.index is self._index else "second"
-                    found[name] = await side.index.similarities(user_pk, side.vector, ids)
-            return found
+            return {side.name: await side.exact(ids) for side in sides}
 
         trace.ranked = list(ranked)
         trace.scorer = scores

@@ -14,7 +14,6 @@ follows finds it here.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,11 +22,12 @@ import numpy as np
 from retrieval.indexes.reconcile import reconcile
 from retrieval.protocols import Embedder, QueryEmbedder, VectorIndex
 from retrieval.search.indexed_text import TextRecipe, embed_turns
+from retrieval.search.pieces import QueryVectors
 from storage.embeddings import EmbeddingRepository, StoredVector
 from storage.records import Turn
 
-# Query vectors kept, by the query's text.
-QUERY_CACHE = 64
+# Query vectors kept (whole queries and their pieces), by text.
+QUERY_CACHE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class SecondList:
         self._embeddings = embeddings
         # Users whose open scope holds a second vector of every turn it holds.
         self._ready: set[int] = set()
-        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._queries = QueryVectors(QUERY_CACHE)
 
     @property
     def model(self) -> str:
@@ -75,22 +75,26 @@ class SecondList:
         """The vectors of `turns` (`ordered`: them with their context, in session order)."""
         return await embed_turns(self.embedder.embed, self._recipe, turns, ordered)
 
-    async def embed_query(self, query: str) -> None:
-        """Embed a (searched) query, unless its vector is kept."""
-        if query in self._queries:
-            return
-        if isinstance(self.embedder, QueryEmbedder):
-            vector = (await self.embedder.embed_queries([query]))[0]
-        else:
-            vector = (await self.embedder.embed([query]))[0]
-        self._queries[query] = vector
-        while len(self._queries) > QUERY_CACHE:
-            self._queries.popitem(last=False)
+    async def embed_query(self, query: str, pieces: Sequence[str] = ()) -> None:
+        """Embed a (searched) query and its pieces (retrieval/search/pieces.py) in one
+        call, unless their vectors are kept."""
+        if missing := self._queries.missing([query, *pieces]):
+            self._queries.put(missing, await self._embed_queries(missing))
 
     async def query_vector(self, query: str) -> np.ndarray:
-        await self.embed_query(query)
-        self._queries.move_to_end(query)
-        return self._queries[query]
+        return (await self._queries.of([query], self._embed_queries))[0]
+
+    async def query_vectors(
+        self, query: str, pieces: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The query's vector and its pieces' (a matrix, no rows without pieces)."""
+        vectors = await self._queries.of([query, *pieces], self._embed_queries)
+        return vectors[0], vectors[1:]
+
+    async def _embed_queries(self, texts: list[str]) -> np.ndarray:
+        if isinstance(self.embedder, QueryEmbedder):
+            return await self.embedder.embed_queries(texts)
+        return await self.embedder.embed(texts)
 
     async def open(self, user_pk: int, first_ids: set[int]) -> None:
         """Load the user's scope and make it hold what SQL holds (`reconcile`)."""
