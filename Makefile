@@ -119,7 +119,7 @@ bench-peers: install-dev peers
 		--markdown bench/results/peers.md --plot bench/results/peers.png
 
 test: lint vllm browser haproxy tmux peers
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=30
 
 bench: install-dev
 	$(BIN)/pip install --quiet -e '.[bench]'

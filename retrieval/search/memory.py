@@ -343,10 +343,10 @@ class TurnMemory:
         pieces = self._queries.missing(self._pieces_of(query))
         vectors = await self.embed([query, *pieces, *words, *own])
         await self._embed_second_query(query)
-        asked = 1 + len(pieces) + len(words)
+        num_asked = 1 + len(pieces) + len(words)
         self._queries.put(pieces, vectors[1 : 1 + len(pieces)])
-        self._neighbours.give_vectors(turn.user_pk, words, vectors[1 + len(pieces) : asked])
-        first = mean_of_pieces(vectors[asked:], [len(own)])[0]
+        self._neighbours.give_vectors(turn.user_pk, words, vectors[1 + len(pieces) : num_asked])
+        first = mean_of_pieces(vectors[num_asked:], [len(own)])[0]
         return vectors[0], TurnVectors(first, second)
 
     async def _embed_second_query(self, query: str) -> None:
