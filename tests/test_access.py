@@ -206,6 +206,7 @@ async def test_a_non_admin_key_gets_403_on_every_admin_route(
         path = (
             template.replace("{user_pk:int}", "1")
             .replace("{fact_id:int}", "1")
+            .replace("{message_id:int}", "1")
             .replace("{session_id:str}", "s")
         )
         response = await client.request(method, path, headers=bearer(keys.a), json={})

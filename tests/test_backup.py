@@ -7,9 +7,11 @@ import asyncio
 import fcntl
 import os
 import pty
+import stat
 import struct
 import subprocess
 import termios
+import threading
 from pathlib import Path
 
 import pytest
@@ -413,6 +415,19 @@ async def test_cli_export_shows_progress_on_a_terminal_only(tmp_path: Path) -> N
     assert b"export: 100%" in _export_on_a_terminal(env)
     assert b"export:" not in _export_on_a_terminal(env, "--no-progress")
     assert b"export:" not in _export_on_a_terminal(env, "--quiet")
+    # Written into, never renamed over: /dev/null is still the device.
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    # A pipe is written as it goes and stays a pipe.
+    fifo = tmp_path / "export.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    run_cli("export", "--output", str(fifo), "--quiet", env=env, text=True)
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert received[0].splitlines(keepends=True) == exported
+    assert not (tmp_path / "export.fifo.partial").exists()
 
 
 @pytest.mark.model

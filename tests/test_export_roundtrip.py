@@ -178,6 +178,10 @@ async def dump(url: str) -> dict[str, dict[Any, dict[str, Any]]]:
     for r in raw["users"]:
         # Derived: counts the changes of the user's vectors, which each store makes its own.
         r.pop("memory_version", None)
+    for r in raw["messages"]:
+        # Not exported: a reply's turn report is the inspector's record of that turn in
+        # this store (its memories and facts by this store's ids), left behind by a move.
+        r.pop("turn_report", None)
     name_references(raw)
     for name in RENUMBERED:
         for r in raw[name]:

@@ -62,10 +62,16 @@ def add_backup_commands(commands: Any) -> None:
 @contextmanager
 def _output(path: str) -> Iterator[IO[bytes]]:
     """Standard output, or the file, written beside it first and renamed when complete
-    (a failed export leaves no file that looks whole)."""
+    (a failed export leaves no file that looks whole). A path that is no regular file (a
+    device such as /dev/null, a pipe) is written as it goes: renamed over, it would be
+    replaced by a file."""
     if path == "-":
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()
+        return
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "wb") as stream:
+            yield stream
         return
     partial = Path(f"{path}.partial")
     try:
