@@ -23,7 +23,7 @@ from storage.db import Database, create_engine
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import live_server
 
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 20
 
 
 async def _migrate_with_key(url: str) -> str:

@@ -268,16 +268,18 @@ class E5Embedder:
                     export_e5(build_bert(model_file), onnx_path, words_path)
         # The word table (250,000 x 384 floats, 384 MB: most of the model) stays on disk,
         # mapped: only the pages of the tokens met are read, and they may be dropped again.
+        word_vectors = np.load(words_path, mmap_mode="r")
         self._onnx_hidden_state = OnnxHiddenState(
-            onnx_path,
-            num_threads=num_threads,
-            word_vectors=np.load(words_path, mmap_mode="r"),
+            onnx_path, num_threads=num_threads, word_vectors=word_vectors
         )
         self._model_name = model_name
         self._batch_size = batch_size
         self.bulk = (
             Bf16Transformer(
-                path, num_threads=num_threads, build_model=lambda: build_bert(E5ModelFile(path))
+                path,
+                num_threads=num_threads,
+                build_model=lambda: build_bert(E5ModelFile(path)),
+                word_vectors=word_vectors,
             )
             if bf16_bulk
             else None

@@ -20,7 +20,6 @@ queries of a few pieces stay with ONNX Runtime, which is faster for them.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -35,7 +34,7 @@ import anyio
 import numpy as np
 
 from retrieval.embedders.bf16 import BATCH_SIZE as BULK_BATCH_SIZE
-from retrieval.embedders.bf16 import Bf16Transformer, takes_token_types
+from retrieval.embedders.bf16 import Bf16Transformer, release_freed_memory, takes_token_types
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -244,34 +243,6 @@ def length_batches(
         batches.append(order[start:end])
         start = end
     return batches
-
-
-def release_freed_memory() -> None:
-    """Give the C allocator's free pages back to the system (glibc's `malloc_trim`).
-
-    After a large call, the buffers that ONNX Runtime and the tokenizer freed stay in
-    glibc's per-thread heaps, counted in the process's resident memory; trimming after
-    each bulk call keeps a service that imports history near its idle size. Does
-    nothing where the C library has no `malloc_trim`."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's `malloc_trim`, looked up on first use (`find_library` runs `ldconfig`:
-    not at import)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-    return trim
 
 
 def pad_rows(
