@@ -176,11 +176,14 @@ class ChatSession(Base):
     """One conversation of one user."""
 
     __tablename__ = "chat_sessions"
+    # A user's sessions in their listed order (oldest first, ties by id): a page of them
+    # is read from its start without sorting the rest; it also serves lookups by user.
+    __table_args__ = (
+        Index("ix_chat_sessions_user_pk_created_at_id", "user_pk", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    user_pk: Mapped[int] = mapped_column(
-        BigId, ForeignKey("users.id", ondelete="CASCADE"), index=True
-    )
+    user_pk: Mapped[int] = mapped_column(BigId, ForeignKey("users.id", ondelete="CASCADE"))
     title: Mapped[str | None] = mapped_column(String(500), nullable=True)
     metadata_json: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), default=utc_now)

@@ -8,9 +8,21 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
-from sqlalchemy import BindParameter, Select, bindparam, delete, exists, func, select, update
+from sqlalchemy import (
+    BindParameter,
+    ScalarSelect,
+    Select,
+    bindparam,
+    delete,
+    exists,
+    func,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as SyncSession
+from sqlalchemy.orm import aliased
 
 from storage.db import Database
 from storage.embeddings import bump_memory_versions
@@ -170,6 +182,17 @@ class DeletedSession:
     rewritten: list[tuple[int, str, list[str] | None]]
 
 
+def _num_messages() -> ScalarSelect[int]:
+    """A listed session's number of messages (counted through the messages' session
+    index)."""
+    return (
+        select(func.count(Message.id))
+        .where(Message.session_id == ChatSession.id)
+        .correlate(ChatSession)
+        .scalar_subquery()
+    )
+
+
 class SessionRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -217,19 +240,37 @@ class SessionRepository:
     ) -> list[tuple[Session, int]]:
         """Sessions of a user, oldest first, each with its number of messages (counted per
         session through the messages' session index: only this user's rows are read)."""
-        count = (
-            select(func.count(Message.id))
-            .where(Message.session_id == ChatSession.id)
-            .correlate(ChatSession)
-            .scalar_subquery()
-        )
         async with self._db.transaction() as session:
             rows = await session.execute(
-                select(ChatSession, count)
+                select(ChatSession, _num_messages())
                 .join(UserRow, UserRow.id == ChatSession.user_pk)
                 .where(UserRow.tenant_id == tenant_id, UserRow.external_id == user_external_id)
                 .order_by(ChatSession.created_at, ChatSession.id)
             )
+            return [(to_record(Session, chat), int(n)) for chat, n in rows.all()]
+
+    async def list_sessions_page(
+        self, user_pk: int, *, after_id: str | None = None, limit: int
+    ) -> list[tuple[Session, int]]:
+        """At most `limit` sessions of a user in `list_sessions`' order (oldest first, ties
+        by id), from the one after the user's session `after_id` (its last, a page's
+        cursor; one that is not the user's gives none), each with its number of messages.
+        One query: the (user_pk, created_at, id) index yields the page in order, so the
+        counts are read for its sessions only, however many the user has."""
+        query = select(ChatSession, _num_messages()).where(ChatSession.user_pk == user_pk)
+        if after_id is not None:
+            cursor = aliased(ChatSession)
+            cursor_at = (
+                select(cursor.created_at)
+                .where(cursor.id == after_id, cursor.user_pk == user_pk)
+                .scalar_subquery()
+            )
+            query = query.where(
+                tuple_(ChatSession.created_at, ChatSession.id) > tuple_(cursor_at, after_id)
+            )
+        query = query.order_by(ChatSession.created_at, ChatSession.id).limit(limit)
+        async with self._db.transaction() as session:
+            rows = await session.execute(query)
             return [(to_record(Session, chat), int(n)) for chat, n in rows.all()]
 
     async def count_messages(self, session_id: str) -> int:

@@ -200,8 +200,17 @@ def _session_ttl_s(request: Request[Any, Any, Any]) -> float:
     return float(request.app.state.admin_session_ttl_s)
 
 
-# Users shown on one page of the overview (the next page is a link away).
+# Users shown on one page of the overview (the next page is a link away); so too a
+# user's sessions on their page, and entries of the audit log.
 USERS_PER_PAGE = 50
+SESSIONS_PER_PAGE = 50
+AUDIT_ENTRIES_PER_PAGE = 50
+# 2**53 - 1: a JSON number of the schema that every client reads exactly.
+MAX_ID = 2**53 - 1
+# A session id as the store keeps them (a UUID, either case).
+SESSION_ID_PATTERN = (
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
 
 
 class AdminPageController(Controller):
@@ -219,8 +228,7 @@ class AdminPageController(Controller):
         principal: NamedDependency[Principal],
         tenant: Annotated[str | None, QueryParameter(max_length=64)] = None,
         prefix: Annotated[str | None, QueryParameter(max_length=255)] = None,
-        # 2**53 - 1: a JSON number of the schema that every client reads exactly.
-        after: Annotated[int, QueryParameter(ge=0, le=2**53 - 1)] = 0,
+        after: Annotated[int, QueryParameter(ge=0, le=MAX_ID)] = 0,
     ) -> Template:
         tenants = await admin.list_tenants_with_counts()
         chosen = next((t for t in tenants if t.name == tenant), None)
@@ -242,7 +250,7 @@ class AdminPageController(Controller):
                 "prefix": prefix or "",
                 "after": after,
                 "next_after": users[USERS_PER_PAGE - 1].user.id if more else None,
-                "first_page": _home_url(tenant=chosen.name if chosen else None, prefix=prefix),
+                "first_page": _url("/admin", tenant=chosen.name if chosen else None, prefix=prefix),
                 "rows": await admin.count_rows(),
                 "database_bytes": await db.size_bytes(),
                 "deployment": deployment,
@@ -260,10 +268,15 @@ class AdminPageController(Controller):
         memory_search: NamedDependency[MemorySearch],
         principal: NamedDependency[Principal],
         q: Annotated[str | None, QueryParameter(max_length=2000)] = None,
+        after: Annotated[str | None, QueryParameter(pattern=SESSION_ID_PATTERN)] = None,
     ) -> Template:
         counts = await admin.get_user_counts(user_pk)
         user = counts.user
-        listed = await sessions.list_sessions(user.external_id, tenant_id=user.tenant_id)
+        listed = await sessions.list_sessions_page(
+            user.id, after_id=after, limit=SESSIONS_PER_PAGE + 1
+        )
+        more = len(listed) > SESSIONS_PER_PAGE
+        here = f"/admin/users/{user.id}"
         facts, history = await fact_memory.list_facts(user.id, STATUSES, with_history=True)
         hits = []
         if q and q.strip():
@@ -276,7 +289,11 @@ class AdminPageController(Controller):
                 "principal": principal,
                 "counts": counts,
                 "user": user,
-                "sessions": listed,
+                "sessions": listed[:SESSIONS_PER_PAGE],
+                "first_sessions": _url(here, q=q) if after else None,
+                "more_sessions": (
+                    _url(here, q=q, after=listed[SESSIONS_PER_PAGE - 1][0].id) if more else None
+                ),
                 "facts": facts,
                 "history": history,
                 "query": q or "",
@@ -290,9 +307,26 @@ class AdminPageController(Controller):
         request: Request[Any, Any, Any],
         access: NamedDependency[AccessRepository],
         principal: NamedDependency[Principal],
+        before: Annotated[int | None, QueryParameter(ge=1, le=MAX_ID)] = None,
     ) -> Template:
-        entries = await access.list_audit(limit=200)
-        return page(request, "audit", {"principal": principal, "entries": entries})
+        """Newest first, a page at a time; the older entries are a link away (keyed by
+        the page's last id, so entries written meanwhile shift no page)."""
+        entries = await access.list_audit(limit=AUDIT_ENTRIES_PER_PAGE + 1, before_id=before)
+        more = len(entries) > AUDIT_ENTRIES_PER_PAGE
+        return page(
+            request,
+            "audit",
+            {
+                "principal": principal,
+                "entries": entries[:AUDIT_ENTRIES_PER_PAGE],
+                "newest": "/admin/audit" if before is not None else None,
+                "older": (
+                    _url("/admin/audit", before=str(entries[AUDIT_ENTRIES_PER_PAGE - 1].id))
+                    if more
+                    else None
+                ),
+            },
+        )
 
     @post("/facts/{fact_id:int}/edit", status_code=HTTP_303_SEE_OTHER)
     async def edit_fact(
@@ -351,10 +385,10 @@ class AdminPageController(Controller):
         return _back("/admin")
 
 
-def _home_url(**values: str | None) -> str:
-    """The overview's first page with these query values (those set)."""
+def _url(path: str, **values: str | None) -> str:
+    """A path of this page with these query values (those set)."""
     query = urlencode({name: value for name, value in values.items() if value})
-    return f"/admin?{query}" if query else "/admin"
+    return f"{path}?{query}" if query else path
 
 
 def _priority(value: str | None) -> int | None:
