@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.test_api_sessions import create_session, parse_sse
 from tests.test_vllm_replicas import Server
+from tests.vllm_servers import RecordingProxy, recording_proxy
 
 MESSAGE = "I am allergic to peanuts and my sister Ingrid lives in Oslo"
 REPLY = "I will remember that about the peanuts."
@@ -366,65 +365,28 @@ async def test_a_clients_trace_is_continued(
 # The vLLM adapter's requests ---------------------------------------------------------
 
 
-class RecordingServer(ThreadingHTTPServer):
-    """A local HTTP server answering as the scripted vLLM replicas do
-    (test_vllm_replicas.Server), keeping each request's path and headers."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.scripted = Server()
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: RecordingServer
-
-    def do_GET(self) -> None:
-        self._answer()
-
-    def do_POST(self) -> None:
-        self._answer()
-
-    def _answer(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        self.server.requests.append((self.command, self.path, headers))
-        request = httpx.Request(self.command, self.server.url + self.path, content=body)
-        answer = self.server.scripted.handle(request)
-        content = answer.read()
-        self.send_response(answer.status_code)
-        for name, value in answer.headers.items():
-            if name.lower() not in ("content-length", "transfer-encoding"):
-                self.send_header(name, value)
-        self.send_header("content-length", str(len(content)))
-        self.end_headers()
-        self.wfile.write(content)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def vllm_server() -> Iterator[RecordingServer]:
-    server = RecordingServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+def vllm_server() -> Iterator[RecordingProxy]:
+    """The scripted vLLM replicas (test_vllm_replicas.Server) behind a recording
+    pass-through: each request's path and headers kept."""
+    replicas = Server()
+
+    def streamed(request: httpx.Request) -> httpx.Response:
+        # The scripted answers hold their body read; the pass-through streams it on.
+        answer = replicas.handle(request)
+        return httpx.Response(
+            answer.status_code, headers=answer.headers, stream=httpx.ByteStream(answer.content)
+        )
+
+    transport = httpx.MockTransport(streamed)
+    with recording_proxy("http://scripted-vllm", transport=transport) as proxy:
+        yield proxy
 
 
 async def test_vllm_requests_carry_the_engine_calls_trace_context(
     tmp_path: Path,
     sqlite_url: str,
-    vllm_server: RecordingServer,
+    vllm_server: RecordingProxy,
     provider: TracerProvider,
     exporter: InMemorySpanExporter,
 ) -> None:

@@ -99,13 +99,15 @@ HOP_BY_HOP = {
 class RecordingProxy(ThreadingHTTPServer):
     """A pass-through to `upstream`: each request goes on with its method, path, headers
     and body, each answer comes back as the upstream sends it, chunk by chunk (a stream
-    stays a stream); the headers that arrived with each request are kept (`requests`)."""
+    stays a stream); the headers that arrived with each request are kept (`requests`).
+    `transport`, where given, is how the upstream is reached (an `httpx.MockTransport`
+    for scripted replicas)."""
 
     daemon_threads = True
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Forwarding)
-        self.upstream = httpx.Client(base_url=upstream, timeout=120)
+        self.upstream = httpx.Client(base_url=upstream, timeout=120, transport=transport)
         self.requests: list[tuple[str, str, dict[str, str]]] = []
 
     @property
@@ -155,8 +157,10 @@ class _Forwarding(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def recording_proxy(upstream: str) -> Iterator[RecordingProxy]:
-    proxy = RecordingProxy(upstream)
+def recording_proxy(
+    upstream: str, transport: httpx.BaseTransport | None = None
+) -> Iterator[RecordingProxy]:
+    proxy = RecordingProxy(upstream, transport)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     try:
