@@ -185,28 +185,14 @@ class TmuxPane:
     ) -> None:
         self._tmux = [tmux, "-u", "-f", os.devnull, "-S", str(directory / "tmux.socket")]
         self._status = directory / "exit-status"
-        # tmux's client needs a terminal type even for a detached session (without TERM,
-        # as under CI, its server exits at once): the pane's own is tmux's default.
-        self._env = {**os.environ, "TERM": "xterm-256color"}
         command = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(self._status))}"
-        self._run(
-            "new-session",
-            "-d",
-            "-s",
-            "chat",
-            "-x",
-            "120",
-            "-y",
-            "40",
-            command,
-            env={**env, "TERM": "xterm-256color"},
-        )
+        self._run("new-session", "-d", "-s", "chat", "-x", "120", "-y", "40", command, env=env)
         # The pane stays on the screen once the command has ended (to show why it did).
         self._run("set-option", "-t", "chat", "remain-on-exit", "on")
 
     def _run(self, *args: str, env: Mapping[str, str] | None = None) -> str:
         done = subprocess.run(
-            [*self._tmux, *args], env=env or self._env, capture_output=True, text=True, timeout=30
+            [*self._tmux, *args], env=env, capture_output=True, text=True, timeout=30
         )
         assert done.returncode == 0, done.stderr
         return done.stdout
@@ -241,7 +227,7 @@ class TmuxPane:
         pytest.fail("the chat did not end:\n" + "\n".join(self.screen))
 
     def close(self) -> None:
-        subprocess.run([*self._tmux, "kill-server"], env=self._env, capture_output=True, timeout=30)
+        subprocess.run([*self._tmux, "kill-server"], capture_output=True, timeout=30)
 
 
 def test_in_tmux_the_pane_holds_the_conversation_and_one_line_per_error(

@@ -48,7 +48,7 @@ from retrieval.search.indexed_text import (
     mean_of_pieces,
 )
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
-from retrieval.search.pieces import PieceScorer, QueryVectors, query_pieces
+from retrieval.search.pieces import PieceScorer, QueryVectors, embed_queries, query_pieces
 from retrieval.search.second import SecondDense, SecondList, add_stored
 from retrieval.search.trace import SearchTrace
 from retrieval.stages import stage
@@ -294,9 +294,7 @@ class TurnMemory:
     async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of search queries, for turns, facts and knowledge alike: the embedder's
         own query vectors where its model tells queries apart (`QueryEmbedder`)."""
-        if isinstance(self._embedder, QueryEmbedder):
-            return await self._embedder.embed_queries(list(texts))
-        return await self._embedder.embed(list(texts))
+        return await embed_queries(self._embedder, texts)
 
     async def embed_query(self, user_pk: int, query: str) -> np.ndarray:
         """A search query's vector, with the vectors of the query's words that the user's
@@ -667,7 +665,7 @@ class TurnMemory:
             weight = config.dense_weight_cjk if is_cjk else config.dense_weight
             # An English-only model's similarity to a Chinese memory is noise.
             on_cjk = weight if config.dense_weight_cjk > 0 else 0.0
-            piece_vectors = await self._queries.of(pieces, self._embed_query_texts)
+            piece_vectors = await self._queries.of(pieces, self.embed_queries)
             with stage("index_search", index="dense", k=fetch) as searching:
                 found, exact = await self._dense_list(
                     self._index, user_pk, vector, piece_vectors, fetch, exclude
@@ -708,13 +706,6 @@ class TurnMemory:
         if query is None or self._config.piece_weight <= 0:
             return []
         return query_pieces(query)
-
-    async def _embed_query_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """Vectors of query texts by the first embedder (its query vectors where it
-        tells them apart)."""
-        if not texts:
-            return np.zeros((0, self._embedder.dimension), dtype=np.float32)
-        return await self.embed_queries(texts)
 
     async def _dense_list(
         self,

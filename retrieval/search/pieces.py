@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 
 import numpy as np
 
-from retrieval.protocols import ScoredId, VectorIndex
+from retrieval.protocols import Embedder, QueryEmbedder, ScoredId, VectorIndex
 
 # Sentences of a query searched on their own: from three (a message of two sentences
 # is searched as before: the second often leans on the first), at most the last 16 of
@@ -59,6 +59,14 @@ def query_pieces(query: str) -> list[str]:
                 seen.add(piece)
                 pieces.append(piece)
     return pieces[-MAX_PIECES:] if len(pieces) >= MIN_PIECES else []
+
+
+async def embed_queries(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """Vectors of search queries: the embedder's own query vectors where its model tells
+    queries apart (`QueryEmbedder`), else as any text."""
+    if isinstance(embedder, QueryEmbedder):
+        return await embedder.embed_queries(list(texts))
+    return await embedder.embed(list(texts))
 
 
 class QueryVectors:

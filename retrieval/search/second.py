@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from retrieval.indexes.reconcile import reconcile
-from retrieval.protocols import Embedder, QueryEmbedder, VectorIndex
+from retrieval.protocols import Embedder, VectorIndex
 from retrieval.search.indexed_text import TextRecipe, embed_turns
-from retrieval.search.pieces import QueryVectors
+from retrieval.search.pieces import QueryVectors, embed_queries
 from storage.embeddings import EmbeddingRepository, StoredVector
 from storage.records import Turn
 
@@ -92,9 +92,7 @@ class SecondList:
         return vectors[0], vectors[1:]
 
     async def _embed_queries(self, texts: list[str]) -> np.ndarray:
-        if isinstance(self.embedder, QueryEmbedder):
-            return await self.embedder.embed_queries(texts)
-        return await self.embedder.embed(texts)
+        return await embed_queries(self.embedder, texts)
 
     async def open(self, user_pk: int, first_ids: set[int]) -> None:
         """Load the user's scope and make it hold what SQL holds (`reconcile`)."""
