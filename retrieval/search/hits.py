@@ -48,17 +48,14 @@ def statements_first(hits: Sequence[SearchHit]) -> list[SearchHit]:
     after one, in its session) found too, after the other hits, each part in its order;
     a hit moved down takes at most the score of the last hit above it."""
     asked = {(h.turn.session_id, h.turn.seq) for h in hits if is_question(h.turn.content)}
-    later = [
-        h
-        for h in hits
-        if (h.turn.session_id, h.turn.seq) in asked
+    moves = [
+        (h.turn.session_id, h.turn.seq) in asked
         or (h.turn.role == "assistant" and (h.turn.session_id, h.turn.seq - 1) in asked)
+        for h in hits
     ]
-    if not later:
-        return list(hits)
-    moved = {id(h) for h in later}
-    first = [h for h in hits if id(h) not in moved]
-    if not first:
+    first = [h for h, move in zip(hits, moves, strict=True) if not move]
+    later = [h for h, move in zip(hits, moves, strict=True) if move]
+    if not first or not later:
         return list(hits)
     floor = first[-1].score
     return [*first, *(replace(h, score=min(h.score, floor)) for h in later)]
