@@ -172,6 +172,18 @@ def _lexical_scorer(lexical: LexicalScores) -> _Scorer:
     return scores
 
 
+def _keep_trace(trace: SearchTrace, sides: Sequence[_Side], ranked: Sequence[ScoredId]) -> None:
+    """Fill a search's trace: its fused ranking, and a scorer of each list's exact score
+    (the vectors' inner products, the lexical side's BM25 of the weighted query its
+    ranking came from), as the fusion weighs them."""
+
+    async def scores(ids: Collection[int]) -> dict[str, Mapping[int, float]]:
+        return {side.name: await side.exact(ids) for side in sides}
+
+    trace.ranked = list(ranked)
+    trace.scorer = scores
+
+
 def _stored(turns: Sequence[Turn], matrix: np.ndarray) -> list[StoredVector]:
     return [
         StoredVector(t.id, t.user_pk, np.asarray(v, dtype=np.float32).tobytes())
@@ -659,7 +671,6 @@ class TurnMemory:
         fetch = max(k, config.num_candidates)
         is_cjk = is_mostly_cjk(query or "")
         sides: list[_Side] = []
-        lexical = LexicalScores.empty()
         pieces = self._pieces_of(query)
         if config.mode != "lexical" or query is None:
             weight = config.dense_weight_cjk if is_cjk else config.dense_weight
@@ -689,9 +700,9 @@ class TurnMemory:
                 searching.record(num_hits=len(top), num_terms=len(terms))
             weight = config.lexical_weight
             sides.append(_Side("lexical", top, weight, weight, _lexical_scorer(lexical)))
-        ranked = await self._fuse(user_pk, sides, lexical)
+        ranked = await self._fuse(user_pk, sides)
         if trace is not None:
-            self._keep_trace(trace, user_pk, sides, lexical, ranked)
+            _keep_trace(trace, sides, ranked)
         if config.duplicate_threshold > 1:
             return ranked[:k]
         return drop_near_duplicates(
@@ -728,16 +739,14 @@ class TurnMemory:
         scorer = PieceScorer(index, user_pk, vector, pieces, self._config.piece_weight)
         return await scorer.search(fetch, exclude), scorer.scores
 
-    async def _fuse(
-        self, user_pk: int, sides: Sequence[_Side], lexical: LexicalScores
-    ) -> list[ScoredId]:
+    async def _fuse(self, user_pk: int, sides: Sequence[_Side]) -> list[ScoredId]:
         """The lists' rankings as one (a single list's as it is)."""
         if len(sides) == 1:
             return sides[0].ranking
         method = self._config.fusion
         with stage("fusion", method=method, num_lists=len(sides)) as fusing:
             if method == "zscore":
-                ranked = await self._standardised(user_pk, sides, lexical)
+                ranked = await self._standardised(user_pk, sides)
             else:
                 rankings = [side.ranking for side in sides]
                 weights = [side.weight for side in sides]
@@ -745,9 +754,7 @@ class TurnMemory:
             fusing.record(num_candidates=len(ranked))
         return ranked
 
-    async def _standardised(
-        self, user_pk: int, sides: Sequence[_Side], lexical: LexicalScores
-    ) -> list[ScoredId]:
+    async def _standardised(self, user_pk: int, sides: Sequence[_Side]) -> list[ScoredId]:
         """The lists fused by standardised scores, each candidate scored exactly by each
         (the lexical side from the scores its ranking came from), weighed by the
         language of the memory where a side's weight depends on it."""
@@ -768,24 +775,6 @@ class TurnMemory:
                     {i: side.weight_cjk if i in in_cjk else side.weight for i in candidates}
                 )
         return standardised_fusion([side.ranking for side in sides], exact, weights)
-
-    def _keep_trace(
-        self,
-        trace: SearchTrace,
-        user_pk: int,
-        sides: Sequence[_Side],
-        lexical: LexicalScores,
-        ranked: Sequence[ScoredId],
-    ) -> None:
-        """Fill a search's trace: its fused ranking, and a scorer of each list's exact
-        score (the vectors' inner products, the lexical side's BM25 of the weighted query
-        its ranking came from), as the fusion weighs them."""
-
-        async def scores(ids: Collection[int]) -> dict[str, Mapping[int, float]]:
-            return {side.name: await side.exact(ids) for side in sides}
-
-        trace.ranked = list(ranked)
-        trace.scorer = scores
 
     async def _query_terms(
         self, user_pk: int, query: str, exclude: Collection[int]
