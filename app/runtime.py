@@ -110,6 +110,7 @@ def retrieval_config(settings: RetrievalSettings, reads_cjk: bool = False) -> Re
         second_weight=settings.second_weight,
         second_weight_cjk=settings.second_weight_cjk,
         piece_weight=settings.piece_weight,
+        time_boost=settings.time_boost,
         lexical_weight=settings.lexical_weight,
         duplicate_threshold=settings.duplicate_threshold,
         feedback=Feedback(

@@ -42,6 +42,8 @@ from retrieval.protocols import ScoredId
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts, mean_of_pieces
 from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
+from retrieval.search.memory import raised
+from retrieval.search.when import time_span
 from storage.records import Turn
 
 KS = (5, 10, 20)
@@ -237,18 +239,11 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
             ranked = _fuse(variant, rankings, exact, [*weights, e5_weight], c)
             if "rocchio" in variant and mode == "hybrid":
                 lists = [(matrix, queries)] + ([(e5_matrix, e5_queries)] if e5_weight else [])
-                _second_pass(
-                    variant,
-                    ranked,
-                    lists,
-                    docs,
-                    len(turns),
-                    offsets + position,
-                    rankings,
-                    exact,
-                    cand,
-                )
+                where = (docs, len(turns), offsets + position)
+                _second_pass(variant, ranked, lists, where, rankings, exact, cand)
                 ranked = _fuse(variant, rankings, exact, [*weights, e5_weight], c)
+            lists_weights = [*weights, e5_weight][: len(rankings)]
+            ranked = _in_time(variant, question, ranked, rankings, exact, turns, lists_weights)
             if dedup <= 1:
                 ranked = drop_near_duplicates(ranked, prints.__getitem__, dedup, max(KS))
             ids = [turns[hit.id][0] for hit in ranked[: max(KS)]]
@@ -259,10 +254,31 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
     return results
 
 
-def _second_pass(variant, ranked, lists, docs, num_turns, question, rankings, exact, cand):
+def _in_time(variant, question, ranked, rankings, exact, turns, weights):
+    """`when=boost`: the turns said within the span the question names
+    (retrieval/search/when.py, against now) join the candidates and gain `boost`."""
+    span = time_span(question, dt.datetime.now(dt.UTC)) if "when" in variant else None
+    if span is None:
+        return ranked
+    inside = {i for i, (_, turn) in enumerate(turns) if span.holds(turn.created_at)}
+    if not inside:
+        return ranked
+    boost = float(variant["when"])
+    candidates = {hit.id for ranking in rankings for hit in ranking} | inside
+    # As the service does: the turns said then are candidates too, scored by each list.
+    found = {hit.id for ranking in rankings for hit in ranking}
+    extra = [ScoredId(i, 0.0) for i in sorted(inside - found)]
+    fused = standardised_fusion(
+        [*rankings, extra], [*(of(candidates) for of in exact), {}], [*weights, 0.0]
+    )
+    return raised(fused, inside, boost)
+
+
+def _second_pass(variant, ranked, lists, where, rankings, exact, cand):
     """`rocchio=alpha,m`: each dense list (the first and, if asked, e5's; the last of
     `rankings`) searched again with its query moved by alpha x the mean vector of the m
     best turns of the first pass."""
+    docs, num_turns, question = where
     alpha, m = (float(x) for x in variant["rocchio"].split(","))
     top = [hit.id for hit in ranked[: int(m)]]
     for position, (matrix, queries) in zip((0, -1), lists, strict=False):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -180,6 +181,24 @@ class MessageRepository:
         return await self._db.read(
             lambda session: records_of(Turn, session.execute(_BY_ID, params).all())
         )
+
+    async def list_ids_said_between(
+        self, user_pk: int, start: dt.datetime, end: dt.datetime, limit: int
+    ) -> list[int]:
+        """Ids of the user's messages stored with a time in [start, end), the newest
+        first, at most `limit`."""
+        async with self._db.transaction() as session:
+            ids = await session.scalars(
+                select(Message.id)
+                .where(
+                    Message.user_pk == user_pk,
+                    Message.created_at >= start,
+                    Message.created_at < end,
+                )
+                .order_by(Message.created_at.desc(), Message.id.desc())
+                .limit(limit)
+            )
+            return [int(i) for i in ids.all()]
 
     async def list_user_messages(self, user_pk: int) -> list[Turn]:
         """Every message of a user, each session's in order (to build derived indexes)."""

@@ -196,6 +196,7 @@ class Message(Base):
     __table_args__ = (
         UniqueConstraint("session_id", "seq"),
         Index("ix_messages_user_pk_id", "user_pk", "id"),
+        Index("ix_messages_user_pk_created_at", "user_pk", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

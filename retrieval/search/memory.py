@@ -17,6 +17,7 @@ are refused at start like vectors of another model (`memchat reindex` rebuilds t
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -32,6 +33,7 @@ import structlog
 from retrieval.dense import DenseQuery, SecondDense
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.fusion import (
+    best_ranks,
     drop_near_duplicates,
     reciprocal_rank_fusion,
     standardised_fusion,
@@ -52,6 +54,7 @@ from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
 from retrieval.search.pieces import PieceScorer, QueryVectors, embed_queries, query_pieces
 from retrieval.search.second import SecondList, add_stored
 from retrieval.search.trace import SearchTrace
+from retrieval.search.when import time_span
 from retrieval.stages import stage
 from retrieval.text import is_mostly_cjk
 from storage.embeddings import EmbeddingRepository, StoredVector, VectorSet
@@ -131,6 +134,9 @@ class RetrievalConfig:
     # to the whole query plus this much of its best similarity to one sentence
     # (retrieval/search/pieces.py; 0: the whole query only).
     piece_weight: float = 1.0
+    # A query naming a time (retrieval/search/when.py): the turns said then join the
+    # candidates and this much is added to their fused score (standardised fusion; 0: off).
+    time_boost: float = 1.0
     duplicate_threshold: float = 0.9
     feedback: Feedback = field(default_factory=Feedback)
     # Terms of neighbouring turns count this much in a turn's lexical document.
@@ -190,6 +196,17 @@ def _stored(turns: Sequence[Turn], matrix: np.ndarray) -> list[StoredVector]:
         StoredVector(t.id, t.user_pk, np.asarray(v, dtype=np.float32).tobytes())
         for t, v in zip(turns, matrix, strict=True)
     ]
+
+
+# The most turns a time named in a query brings into the candidates (the newest).
+MAX_SAID_IN_SPAN = 500
+
+
+def raised(ranked: Sequence[ScoredId], ids: Collection[int], boost: float) -> list[ScoredId]:
+    """`ranked` with the hits in `ids` raised by `boost`, ordered again (ties in the
+    order they had)."""
+    moved = [ScoredId(h.id, h.score + boost) if h.id in ids else h for h in ranked]
+    return sorted(moved, key=lambda hit: -hit.score)
 
 
 def searched_text(query: str) -> str:
@@ -664,6 +681,7 @@ class TurnMemory:
         version: int | None = None,
         *,
         trace: SearchTrace | None = None,
+        now: dt.datetime | None = None,
     ) -> list[ScoredId]:
         """The user's best k turns for a query, less `exclude`, best first.
 
@@ -671,7 +689,9 @@ class TurnMemory:
         the question it ends on (`searched_text`, as its vector was made). `version` is the user's
         change count as read with the user's row: the scope is caught up to it first, so
         every turn any process acknowledged (or deleted) is found (or not). A `trace` is
-        filled with what the search weighed (`retrieval.search.trace`).
+        filled with what the search weighed (`retrieval.search.trace`). A query that names
+        a time (`retrieval.search.when`, against `now`: the moment it is asked by default)
+        adds the turns said then to the candidates and raises them by `time_boost`.
         """
         await self.ensure_scope(user_pk, version)
         if query is not None:
@@ -709,7 +729,10 @@ class TurnMemory:
                 searching.record(num_hits=len(top), num_terms=len(terms))
             weight = config.lexical_weight
             sides.append(_Side("lexical", top, weight, weight, _lexical_scorer(lexical)))
-        ranked = await self._fuse(user_pk, sides)
+        said_then = await self._said_in_span(user_pk, query, now, exclude)
+        ranked = await self._fuse(user_pk, sides, said_then)
+        if said_then:
+            ranked = raised(ranked, said_then, config.time_boost)
         if trace is not None:
             _keep_trace(trace, sides, ranked)
         if config.duplicate_threshold > 1:
@@ -720,6 +743,23 @@ class TurnMemory:
             config.duplicate_threshold,
             k,
         )
+
+    async def _said_in_span(
+        self, user_pk: int, query: str | None, now: dt.datetime | None, exclude: Collection[int]
+    ) -> set[int]:
+        """The user's turns said in the span the query names, the newest
+        `MAX_SAID_IN_SPAN` of them (none without a span, or with no boost)."""
+        if query is None or self._config.time_boost <= 0 or self._config.fusion != "zscore":
+            return set()
+        span = time_span(query, now or dt.datetime.now(dt.UTC))
+        if span is None:
+            return set()
+        with stage("time_span") as finding:
+            ids = await self._messages.list_ids_said_between(
+                user_pk, span.start, span.end, MAX_SAID_IN_SPAN
+            )
+            finding.record(num_turns=len(ids))
+        return set(ids) - set(exclude)
 
     def _pieces_of(self, query: str | None) -> list[str]:
         """The sentences a (searched) query is also searched by, if any."""
@@ -748,14 +788,17 @@ class TurnMemory:
         scorer = PieceScorer(index, user_pk, vector, pieces, self._config.piece_weight)
         return await scorer.search(fetch, exclude), scorer.scores
 
-    async def _fuse(self, user_pk: int, sides: Sequence[_Side]) -> list[ScoredId]:
-        """The lists' rankings as one (a single list's as it is)."""
-        if len(sides) == 1:
+    async def _fuse(
+        self, user_pk: int, sides: Sequence[_Side], extra: Collection[int] = ()
+    ) -> list[ScoredId]:
+        """The lists' rankings as one (a single list's as it is); `extra` ids are
+        candidates too (standardised fusion only), scored by each list exactly."""
+        if len(sides) == 1 and not extra:
             return sides[0].ranking
         method = self._config.fusion
         with stage("fusion", method=method, num_lists=len(sides)) as fusing:
             if method == "zscore":
-                ranked = await self._standardised(user_pk, sides)
+                ranked = await self._standardised(user_pk, sides, extra)
             else:
                 rankings = [side.ranking for side in sides]
                 weights = [side.weight for side in sides]
@@ -763,11 +806,13 @@ class TurnMemory:
             fusing.record(num_candidates=len(ranked))
         return ranked
 
-    async def _standardised(self, user_pk: int, sides: Sequence[_Side]) -> list[ScoredId]:
+    async def _standardised(
+        self, user_pk: int, sides: Sequence[_Side], extra: Collection[int] = ()
+    ) -> list[ScoredId]:
         """The lists fused by standardised scores, each candidate scored exactly by each
         (the lexical side from the scores its ranking came from), weighed by the
         language of the memory where a side's weight depends on it."""
-        candidates = {hit.id for side in sides for hit in side.ranking}
+        candidates = {hit.id for side in sides for hit in side.ranking} | set(extra)
         # A memory's language is read only where some side's weight depends on it (not
         # for a Chinese query, whose weights are those of a Chinese memory already).
         in_cjk: set[int] = set()
@@ -783,7 +828,14 @@ class TurnMemory:
                 weights.append(
                     {i: side.weight_cjk if i in in_cjk else side.weight for i in candidates}
                 )
-        return standardised_fusion([side.ranking for side in sides], exact, weights)
+        rankings = [side.ranking for side in sides]
+        if extra:
+            # The extra candidates are ranked too: ids no list found come last.
+            found = best_ranks(rankings)
+            rankings.append([ScoredId(i, 0.0) for i in sorted(set(extra) - found.keys())])
+            exact.append({})
+            weights.append(0.0)
+        return standardised_fusion(rankings, exact, weights)
 
     async def _query_terms(
         self, user_pk: int, query: str, exclude: Collection[int]
