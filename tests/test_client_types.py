@@ -162,3 +162,15 @@ def test_the_server_pulls_neither_the_frameworks_nor_the_client() -> None:
     extras = [d for group in project["optional-dependencies"].values() for d in group]
     names = [d.split(">")[0].split("[")[0] for d in [*project["dependencies"], *extras]]
     assert [n for n in names if n.startswith(("langchain", "llama-index", "memchat"))] == []
+
+
+def test_the_keyword_arguments_are_the_bodies_fields() -> None:
+    def names(struct: type[msgspec.Struct]) -> set[str]:
+        return set(struct.__struct_fields__)
+
+    assert set(memchat.types.Sampling.__annotations__) == names(schemas.MessageCreate) - {
+        "content",
+        "stream",
+    }
+    assert set(memchat.types.FactFields.__annotations__) == names(schemas.FactCreate) - {"text"}
+    assert set(memchat.types.FactChanges.__annotations__) == names(schemas.FactUpdate)

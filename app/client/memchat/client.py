@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
 import httpx
 
@@ -35,7 +35,7 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _turn_body(content: str, stream: bool, sampling: dict[str, Any]) -> types.MessageCreate:
+def _turn_body(content: str, stream: bool, sampling: types.Sampling) -> types.MessageCreate:
     return types.MessageCreate(content=content, stream=stream, **sampling)
 
 
@@ -121,13 +121,15 @@ class MemchatClient:
     ) -> list[types.Message]:
         return self._send(routes.list_messages(session_id, after_seq, limit))
 
-    def send_message(self, session_id: str, content: str, **sampling: Any) -> types.Turn:
-        """A chat turn; `sampling`: `max_tokens`, `temperature`, `top_p`, `top_k`,
-        `stop`, `seed` (each defaults to the server's setting)."""
+    def send_message(
+        self, session_id: str, content: str, **sampling: Unpack[types.Sampling]
+    ) -> types.Turn:
+        """A chat turn; `sampling` (`max_tokens`, `temperature`, ...) defaults to the
+        server's settings."""
         return self._send(routes.send_message(session_id, _turn_body(content, False, sampling)))
 
     def stream_message(
-        self, session_id: str, content: str, **sampling: Any
+        self, session_id: str, content: str, **sampling: Unpack[types.Sampling]
     ) -> Iterator[types.Token | types.Turn]:
         """A streamed chat turn: `Token`s, then the `Turn`. A failing engine raises
         `ServiceUnavailableError` mid-stream."""
@@ -175,12 +177,10 @@ class MemchatClient:
     ) -> list[types.Fact]:
         return self._send(routes.list_facts(user_id, status, include_history))
 
-    def add_fact(self, user_id: str, text: str, **fields: Any) -> types.Fact:
-        """`fields`: `category`, `subject`, `pinned`, `priority`."""
+    def add_fact(self, user_id: str, text: str, **fields: Unpack[types.FactFields]) -> types.Fact:
         return self._send(routes.add_fact(user_id, types.FactCreate(text, **fields)))
 
-    def update_fact(self, fact_id: int, **fields: Any) -> types.Fact:
-        """`fields`: `text`, `pinned`, `priority`."""
+    def update_fact(self, fact_id: int, **fields: Unpack[types.FactChanges]) -> types.Fact:
         return self._send(routes.update_fact(fact_id, types.FactUpdate(**fields)))
 
     def delete_fact(self, fact_id: int) -> None:
@@ -289,12 +289,14 @@ class AsyncMemchatClient:
     ) -> list[types.Message]:
         return await self._send(routes.list_messages(session_id, after_seq, limit))
 
-    async def send_message(self, session_id: str, content: str, **sampling: Any) -> types.Turn:
+    async def send_message(
+        self, session_id: str, content: str, **sampling: Unpack[types.Sampling]
+    ) -> types.Turn:
         body = _turn_body(content, False, sampling)
         return await self._send(routes.send_message(session_id, body))
 
     async def stream_message(
-        self, session_id: str, content: str, **sampling: Any
+        self, session_id: str, content: str, **sampling: Unpack[types.Sampling]
     ) -> AsyncIterator[types.Token | types.Turn]:
         call = routes.send_message(session_id, _turn_body(content, True, sampling))
         response = await self._request(call, stream=True)
@@ -340,10 +342,12 @@ class AsyncMemchatClient:
     ) -> list[types.Fact]:
         return await self._send(routes.list_facts(user_id, status, include_history))
 
-    async def add_fact(self, user_id: str, text: str, **fields: Any) -> types.Fact:
+    async def add_fact(
+        self, user_id: str, text: str, **fields: Unpack[types.FactFields]
+    ) -> types.Fact:
         return await self._send(routes.add_fact(user_id, types.FactCreate(text, **fields)))
 
-    async def update_fact(self, fact_id: int, **fields: Any) -> types.Fact:
+    async def update_fact(self, fact_id: int, **fields: Unpack[types.FactChanges]) -> types.Fact:
         return await self._send(routes.update_fact(fact_id, types.FactUpdate(**fields)))
 
     async def delete_fact(self, fact_id: int) -> None:

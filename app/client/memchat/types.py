@@ -14,7 +14,7 @@ raises as `memchat.errors.InvalidRequestError`.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from msgspec import Struct
 
@@ -43,6 +43,18 @@ class MessageCreate(Struct, omit_defaults=True):
     max_tokens: int | None = None
     stop: list[str] | None = None
     seed: int | None = None
+
+
+class Sampling(TypedDict, total=False):
+    """A chat turn's sampling, as keyword arguments; each left out is the server's
+    setting."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    stop: list[str]
+    seed: int
 
 
 class HistoryMessage(Struct, omit_defaults=True):
@@ -79,6 +91,23 @@ class FactCreate(Struct, omit_defaults=True):
     subject: str | None = None
     pinned: bool | None = None
     priority: int | None = None
+
+
+class FactFields(TypedDict, total=False):
+    """A new fact's optional fields, as keyword arguments."""
+
+    category: FactCategory
+    subject: str
+    pinned: bool
+    priority: int
+
+
+class FactChanges(TypedDict, total=False):
+    """What a fact update changes, as keyword arguments."""
+
+    text: str
+    pinned: bool
+    priority: int
 
 
 class FactUpdate(Struct, omit_defaults=True):
