@@ -22,6 +22,7 @@ from memchat.errors import (
     ServerError,
     ServerUnreachableError,
     ServiceUnavailableError,
+    UnexpectedAnswerError,
 )
 
 SESSION = {
@@ -175,3 +176,9 @@ def test_a_server_that_cannot_be_reached_is_one_error(call: Call) -> None:
     with pytest.raises(ServerUnreachableError, match="ConnectError: connection refused"):
         call(script, RetryPolicy(), "GET")
     assert len(script.requests) == 1
+
+
+def test_a_successful_answer_that_is_not_the_documented_body_is_one_error(call: Call) -> None:
+    script = Script(httpx.Response(200, json={"id": "s1"}))
+    with pytest.raises(UnexpectedAnswerError, match="GET /v1/sessions/s1: Object missing"):
+        call(script, RetryPolicy(), "GET")

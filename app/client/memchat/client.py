@@ -77,13 +77,8 @@ class MemchatClient:
         """The answer to `call`, sent again while the API says to retry; raises the
         typed error of an error answer. A streamed answer is returned unread."""
         for num_retries in range(self._retry.max_retries + 1):
-            request = self._http.build_request(
-                call.method, call.path, content=call.body, params=call.params,
-                files=call.files, data=call.data,
-                headers={"content-type": "application/json"} if call.body else None,
-            )  # fmt: skip
             try:
-                response = self._http.send(request, stream=stream)
+                response = self._http.send(call.request(self._http), stream=stream)
             except httpx.TransportError as exc:
                 raise _unreachable(self._http.base_url, exc) from exc
             if response.is_success:
@@ -98,7 +93,7 @@ class MemchatClient:
         raise AssertionError("unreachable: the last try raises or returns")
 
     def _send(self, call: routes.Call[T]) -> T:
-        return call.read(self._request(call).content)
+        return call.answer(self._request(call).content)
 
     # Sessions and turns ---------------------------------------------------------------
 
@@ -245,13 +240,8 @@ class AsyncMemchatClient:
     async def _request(self, call: routes.Call[Any], stream: bool = False) -> httpx.Response:
         """As `MemchatClient._request`, without blocking the event loop."""
         for num_retries in range(self._retry.max_retries + 1):
-            request = self._http.build_request(
-                call.method, call.path, content=call.body, params=call.params,
-                files=call.files, data=call.data,
-                headers={"content-type": "application/json"} if call.body else None,
-            )  # fmt: skip
             try:
-                response = await self._http.send(request, stream=stream)
+                response = await self._http.send(call.request(self._http), stream=stream)
             except httpx.TransportError as exc:
                 raise _unreachable(self._http.base_url, exc) from exc
             if response.is_success:
@@ -266,7 +256,7 @@ class AsyncMemchatClient:
         raise AssertionError("unreachable: the last try raises or returns")
 
     async def _send(self, call: routes.Call[T]) -> T:
-        return call.read((await self._request(call)).content)
+        return call.answer((await self._request(call)).content)
 
     # Sessions and turns ---------------------------------------------------------------
 

@@ -15,6 +15,10 @@ class ServerUnreachableError(MemchatError):
     """No answer: the connection was refused, timed out or broke mid-answer."""
 
 
+class UnexpectedAnswerError(MemchatError):
+    """A successful answer whose body is not the one the API documents."""
+
+
 class ApiError(MemchatError):
     """An error answer of the API. `status` is its HTTP status, `problem` its body;
     `retry_after_s` is the server's `Retry-After`, if it sent one."""

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+import httpx
 import msgspec
 
 from memchat import types
+from memchat.errors import UnexpectedAnswerError
 
 T = TypeVar("T")
 S = TypeVar("S", bound=msgspec.Struct)
@@ -35,6 +37,26 @@ class Call(Generic[T]):
     @property
     def is_idempotent(self) -> bool:
         return self.method in ("GET", "DELETE")
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        headers = {"content-type": "application/json"} if self.body is not None else None
+        return http.build_request(
+            self.method,
+            self.path,
+            content=self.body,
+            params=self.params,
+            files=self.files,
+            data=self.data,
+            headers=headers,
+        )
+
+    def answer(self, content: bytes) -> T:
+        """The body of a successful answer, read; one that is not the documented body
+        (a server of another version, a proxy's page) raises `UnexpectedAnswerError`."""
+        try:
+            return self.read(content)
+        except msgspec.DecodeError as exc:
+            raise UnexpectedAnswerError(f"{self.method} {self.path}: {exc}") from exc
 
 
 def _reader(struct: type[S]) -> Callable[[bytes], S]:
