@@ -30,11 +30,13 @@ from retrieval.chat.preview import ContextPreview
 from retrieval.chat.search import MemorySearch
 from retrieval.chat.sessions import ChatSessions, SessionLocks
 from retrieval.chat.turn import ChatTurn
+from retrieval.dense import SecondDense
 from retrieval.facts.llm import LlmFactExtractor
 from retrieval.facts.memory import FactMemory
 from retrieval.facts.model import FactExtractor
 from retrieval.facts.rules import rule_extractor
 from retrieval.facts.worker import FactWorker
+from retrieval.fusion import LanguageWeights
 from retrieval.knowledge.base import KnowledgeBase, KnowledgeConfig
 from retrieval.maintenance import MemoryOperations
 from retrieval.prompt.layout import ContextAssembler
@@ -44,7 +46,7 @@ from retrieval.search.backfill import SecondListBackfill
 from retrieval.search.expansion import NeighbourConfig
 from retrieval.search.indexed_text import TextRecipe
 from retrieval.search.lexical import Feedback
-from retrieval.search.memory import RetrievalConfig, SecondDense, TurnMemory
+from retrieval.search.memory import RetrievalConfig, TurnMemory
 from retrieval.window.keeper import WindowConfig, WindowKeeper
 from retrieval.window.summarizers import ExtractiveSummarizer, LlmSummarizer, Summarizer
 from storage import migrate
@@ -130,6 +132,7 @@ def knowledge_config(config: KnowledgeSettings) -> KnowledgeConfig:
     return KnowledgeConfig(
         chunk_tokens=config.chunk_tokens,
         overlap_tokens=config.overlap_tokens,
+        num_candidates=config.num_candidates,
         embed_batch_size=config.embed_batch_size,
         max_document_chars=config.max_document_chars,
         inline_chunks=config.inline_chunks,
@@ -188,8 +191,17 @@ def build_memory(
 
 
 def build_knowledge(
-    settings: Settings, repositories: Repositories, embedder: Embedder
+    settings: Settings,
+    repositories: Repositories,
+    embedder: Embedder,
+    second_embedder: Embedder | None = None,
 ) -> KnowledgeBase:
+    """`second_embedder`: the turns' second model, whose list of the chunks is fused with
+    the first's by the turns' dense weights."""
+    second = None
+    if second_embedder is not None:
+        index = build_chroma_index(settings, second_embedder.dimension, "knowledge2")
+        second = SecondDense(second_embedder, index)
     return KnowledgeBase(
         repositories.knowledge,
         embedder,
@@ -198,6 +210,17 @@ def build_knowledge(
         claims=JobClaimRepository.open_or_none(
             settings.resolved_database_url(), timeout_s=settings.database_timeout_s
         ),
+        second=second,
+        weights=dense_weights(retrieval_config(settings.retrieval, settings.embedder.reads_cjk)),
+    )
+
+
+def dense_weights(config: RetrievalConfig) -> tuple[LanguageWeights, LanguageWeights]:
+    """The first and second dense lists' weights, as the turns' lists have them, for the
+    lists of facts and knowledge."""
+    return (
+        LanguageWeights(config.dense_weight, config.dense_weight_cjk),
+        LanguageWeights(config.second_weight, config.second_weight_cjk),
     )
 
 
@@ -261,7 +284,7 @@ async def build_runtime(
             ),
         )
         await backfill.start()
-    knowledge = build_knowledge(settings, repositories, embedder)
+    knowledge = build_knowledge(settings, repositories, embedder, second_embedder)
     await knowledge.start()
     facts = FactMemory(
         repositories.facts,
@@ -269,6 +292,8 @@ async def build_runtime(
         build_fact_extractor(settings, engine),
         memory.embed,
         embedder.model_name,
+        second=second_embedder,
+        weights=dense_weights(retrieval_config(settings.retrieval, settings.embedder.reads_cjk)),
     )
     worker = None
     if settings.facts.extractor != "none":

@@ -163,6 +163,9 @@ class KnowledgeSettings(BaseModel):
     """The knowledge base (documents in SQL, their vectors in Chroma)."""
 
     retrieval_k: int = Field(3, ge=0, le=100, description="chunks per turn; 0 = none")
+    # With two dense lists (multilingual default), each list's best this many chunks are
+    # fused (their scores standardised over them).
+    num_candidates: int = Field(20, ge=1, le=1000)
     share: float = Field(0.2, ge=0, le=1, description="share of the prompt budget")
     chunk_tokens: int = Field(160, ge=8, le=4096)
     overlap_tokens: int = Field(32, ge=0, le=1024)

@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 from locomo import CATEGORIES, DATA, normalise_evidence, normalise_id, sessions_of
 
-from retrieval.protocols import ScoredId
-from retrieval.search.expansion import NeighbourConfig, WordNeighbours
-from retrieval.search.fusion import (
+from retrieval.fusion import (
     drop_near_duplicates,
     reciprocal_rank_fusion,
     standardised_fusion,
 )
+from retrieval.protocols import ScoredId
+from retrieval.search.expansion import NeighbourConfig, WordNeighbours
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts, mean_of_pieces
 from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
 from storage.records import Turn

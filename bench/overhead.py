@@ -45,11 +45,12 @@ from _server import MODELS_CACHE
 from app.runtime import Runtime, build_runtime, close_runtime, retrieval_config
 from app.settings import EngineSettings, FactSettings, SecondEmbedderSettings, Settings
 from retrieval.chat.timing import StageClock
+from retrieval.dense import SecondDense
 from retrieval.facts.rules import rule_extractor
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.knowledge.base import Upload
 from retrieval.protocols import SamplingParams, ScoredId
-from retrieval.search.memory import SecondDense, TurnMemory
+from retrieval.search.memory import TurnMemory
 from storage import migrate
 from storage.db import create_engine
 from storage.models import DEFAULT_TENANT_ID
@@ -218,10 +219,14 @@ async def measure(
         # Vectors first: timed right after an embedding, a search also pays for the ONNX
         # Runtime threads still spinning on the two cores.
         vectors = await runtime.memory.embed(asked)
+        queries = [
+            await runtime.memory.dense_query(text, vector)
+            for text, vector in zip(asked, vectors, strict=True)
+        ]
         knowledge = []
-        for vector in vectors:
+        for query in queries:
             t0 = time.perf_counter()
-            await runtime.knowledge.search(user.tenant_id, user.id, vector, 3)
+            await runtime.knowledge.search(user.tenant_id, user.id, query, 3)
             knowledge.append(time.perf_counter() - t0)
         print(summary("  knowledge search (k=3) alone", knowledge))
     return figures

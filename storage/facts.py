@@ -14,7 +14,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.claims import FACT_EXTRACTION, claim_in_transaction, int4_key
@@ -22,10 +23,14 @@ from storage.db import Database, rows_affected
 from storage.errors import NotFoundError
 from storage.models import Fact as FactRow
 from storage.models import FactChange as FactChangeRow
+from storage.models import FactEmbedding as FactEmbeddingRow
 from storage.models import Message, utc_now
 from storage.models import User as UserRow
 from storage.records import Fact, FactChange, User, record_columns, records_of, to_record
 from storage.users import is_row_id
+
+# Ids per IN list.
+_BATCH = 500
 
 STATUSES = ("active", "superseded", "deleted")
 
@@ -157,6 +162,10 @@ class FactRepository:
         async with self._db.transaction() as session:
             fact, _user = await _fact_and_user(session, fact_id)
             before = snapshot(fact)
+            if "text" in fields and fields["text"] != fact.text:
+                await session.execute(
+                    delete(FactEmbeddingRow).where(FactEmbeddingRow.fact_id == fact_id)
+                )
             for name, value in fields.items():
                 setattr(fact, name, value)
             fact.updated_at = utc_now()
@@ -182,6 +191,45 @@ class FactRepository:
                 await session.execute(
                     update(FactRow).where(FactRow.id == fact_id).values(model=model, vector=vector)
                 )
+
+    async def list_model_vectors(self, fact_ids: Collection[int], model: str) -> dict[int, bytes]:
+        """The facts' vectors by another model than the rows' own (`FactEmbedding`)."""
+        found: dict[int, bytes] = {}
+        ids = list(fact_ids)
+        async with self._db.transaction() as session:
+            for start in range(0, len(ids), _BATCH):
+                rows = await session.execute(
+                    select(FactEmbeddingRow.fact_id, FactEmbeddingRow.vector).where(
+                        FactEmbeddingRow.model == model,
+                        FactEmbeddingRow.fact_id.in_(ids[start : start + _BATCH]),
+                    )
+                )
+                found.update({int(fact_id): vector for fact_id, vector in rows.all()})
+        return found
+
+    async def save_model_vectors(self, model: str, vectors: Sequence[tuple[int, bytes]]) -> None:
+        """Store (fact id, vector) of `model`; a vector another process stored meanwhile
+        (from the same text, by the same model) is kept, as is a fact deleted meanwhile
+        left without one."""
+        if not vectors:
+            return
+        async with self._db.transaction() as session:
+            present = set(
+                await session.scalars(
+                    select(FactRow.id).where(FactRow.id.in_([fact_id for fact_id, _ in vectors]))
+                )
+            )
+            rows = [
+                {"fact_id": fact_id, "model": model, "vector": vector}
+                for fact_id, vector in vectors
+                if fact_id in present
+            ]
+            if rows:
+                dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+                insert = dialect.insert(FactEmbeddingRow).on_conflict_do_nothing(
+                    index_elements=["fact_id", "model"]
+                )
+                await session.execute(insert, rows)
 
     # Extraction progress -------------------------------------------------------------
 

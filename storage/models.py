@@ -272,6 +272,20 @@ class Fact(Base):
     vector: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
+class FactEmbedding(Base):
+    """A fact's text embedded by a model other than the one whose vector the fact row
+    holds (the second dense list's): derived, made again when missing; a change of the
+    fact's text drops it."""
+
+    __tablename__ = "fact_embeddings"
+
+    fact_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("facts.id", ondelete="CASCADE"), primary_key=True
+    )
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class FactChange(Base):
     """One change of a fact: who or what made it, when, and the fields before and after."""
 

@@ -7,13 +7,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrieval.protocols import ScoredId
-from retrieval.search.fusion import (
+from retrieval.fusion import (
+    LanguageWeights,
     drop_near_duplicates,
+    fuse_by_language,
     jaccard,
     reciprocal_rank_fusion,
+    shares,
+    standardised_by_group,
     standardised_fusion,
 )
+from retrieval.protocols import ScoredId
 
 
 def ranked(*ids: int) -> list[ScoredId]:
@@ -104,6 +108,68 @@ def test_a_single_hit_is_standardised_over_every_candidates_exact_score() -> Non
     fused = standardised_fusion([DENSE, single], [DENSE_EXACT, exact], [1.0, 1.0])
     assert [h.id for h in fused] == [1, 3, 2]
     assert fused[0].score == pytest.approx(z(0.9, [0.9, 0.5, 0.4]) + z(0.0, [0.0, 0.0, 2.0]))
+
+
+def test_language_weights_apply_where_the_query_or_the_memory_is_cjk() -> None:
+    weights = LanguageWeights(english=0.7, cjk=0.0)
+    assert weights.of(True, [1, 2], {2}) == 0.0
+    assert weights.of(False, [1, 2], set()) == 0.7
+    assert weights.of(False, [1, 2], {2}) == {1: 0.7, 2: 0.0}
+    assert LanguageWeights(0.5, 0.5).of(False, [1, 2], {2}) == 0.5
+
+
+def test_shares_make_each_candidates_weights_sum_to_one() -> None:
+    assert shares([{1: 0.7, 2: 0.0}, {1: 0.3, 2: 1.5}], [1, 2]) == [
+        {1: pytest.approx(0.7), 2: 0.0},
+        {1: pytest.approx(0.3), 2: 1.0},
+    ]
+    assert shares([0.0, 0.0], [1]) == [{1: 0.0}, {1: 0.0}]
+
+
+def test_scores_are_standardised_within_each_language() -> None:
+    # Chinese memories (4, 5, 6) score lower against an English query than the English
+    # ones (1, 2, 3); within each group, the best stands as far above its group.
+    scores = {1: 0.9, 2: 0.8, 3: 0.7, 4: 0.8, 5: 0.7, 6: 0.6}
+    found = standardised_by_group(scores, {4, 5, 6})
+    z = 0.1 / (0.02 / 3) ** 0.5
+    assert found == {
+        1: pytest.approx(z),
+        2: pytest.approx(0.0),
+        3: pytest.approx(-z),
+        4: pytest.approx(z),
+        5: pytest.approx(0.0),
+        6: pytest.approx(-z),
+    }
+    # A group of fewer than three, or without spread: the scores as they are.
+    assert standardised_by_group({1: 0.9, 2: 0.8, 3: 0.7, 4: 0.1}, {4}) == {
+        1: 0.9,
+        2: 0.8,
+        3: 0.7,
+        4: 0.1,
+    }
+    flat = {1: 0.9, 2: 0.8, 3: 0.7, 4: 0.5, 5: 0.5, 6: 0.5}
+    assert standardised_by_group(flat, {4, 5, 6}) == flat
+
+
+def test_a_memory_in_the_other_language_can_come_first() -> None:
+    # An English query; 1-3 English memories, 4-6 Chinese ones. The first list (English
+    # only) weighs nothing on Chinese memories; the multilingual list's similarities are
+    # lower for them, but 4 stands out among the Chinese ones as 1 does not among the
+    # English ones.
+    first = {1: 0.50, 2: 0.45, 3: 0.40, 4: 0.05, 5: 0.04, 6: 0.03}
+    second = {1: 0.82, 2: 0.81, 3: 0.80, 4: 0.79, 5: 0.70, 6: 0.69}
+    rankings = [
+        sorted((ScoredId(i, s) for i, s in scores.items()), key=lambda h: -h.score)
+        for scores in (first, second)
+    ]
+    weights = [LanguageWeights(0.7, 0.0), LanguageWeights(0.3, 1.5)]
+    fused = fuse_by_language(rankings, [first, second], weights, False, {4, 5, 6})
+    assert [hit.id for hit in fused] == [4, 1, 2, 3, 5, 6]
+    # Without the second list's weight on Chinese memories, the English ones lead.
+    plain = [LanguageWeights(0.7, 0.0), LanguageWeights(0.3, 0.0)]
+    assert [h.id for h in fuse_by_language(rankings, [first, second], plain, False, {4, 5, 6})][
+        :3
+    ] == [1, 2, 3]
 
 
 def test_near_duplicates_do_not_crowd_the_top_k() -> None:

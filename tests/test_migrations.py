@@ -21,6 +21,7 @@ TABLES = {
     "message_embeddings",
     "facts",
     "fact_changes",
+    "fact_embeddings",
     "session_summaries",
     "knowledge_documents",
     "knowledge_chunks",

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
+from retrieval.dense import SecondDense
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
 from retrieval.search.backfill import SecondListBackfill
-from retrieval.search.memory import REPAIR_BATCH_SIZE, SecondDense, TurnMemory
+from retrieval.search.memory import REPAIR_BATCH_SIZE, TurnMemory
 from storage.claims import JobClaimRepository
 from storage.db import Database, create_engine
 from storage.models import DEFAULT_TENANT_ID, MessageEmbedding

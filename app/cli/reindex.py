@@ -29,7 +29,7 @@ async def _reindex(settings: Settings, show_progress: bool) -> tuple[int, int, s
             "messages", "messages", enabled=show_progress, total=counts["messages"]
         ) as bar:
             num_messages = await memory.reindex_all(bar.advance)
-        knowledge = build_knowledge(settings, repositories, embedder)
+        knowledge = build_knowledge(settings, repositories, embedder, second)
         with progress_bar(
             "knowledge", "chunks", enabled=show_progress, total=counts["knowledge_chunks"]
         ) as bar:

@@ -236,7 +236,7 @@ class ContextBuilder:
                     version=user.memory_version,
                     trace=trace,
                 ),
-                self._knowledge_for(state, vector),
+                self._knowledge_for(state, vector, content),
             )
             memories = await turn_hits(self._messages, user.id, scored, content)
             searching.record(num_memories=len(memories), num_knowledge=len(found))
@@ -244,14 +244,16 @@ class ContextBuilder:
             tuple(memories), tuple(found), _places(state, view, pinned), trace, tuple(scored)
         )
 
-    async def _knowledge_for(self, state: SessionState, vector: np.ndarray) -> list[KnowledgeHit]:
+    async def _knowledge_for(
+        self, state: SessionState, vector: np.ndarray, content: str
+    ) -> list[KnowledgeHit]:
         if self._knowledge is None or self._config.knowledge_k <= 0:
             return []
         with stage("index_search", index="knowledge", k=self._config.knowledge_k) as searching:
             hits = await self._knowledge.search(
                 state.user.tenant_id,
                 state.user.id,
-                vector,
+                await self._memory.dense_query(content, vector),
                 self._config.knowledge_k,
                 with_documents=(state.has_shared_knowledge, state.has_own_knowledge),
             )

@@ -47,10 +47,12 @@ class MemorySearch:
         found: list[Hit] = []
         if "turn" in kinds:
             found += await self._turns(user, query, vector, k, session_id)
-        if "fact" in kinds and self._facts is not None:
-            found += await self._facts.search(user.id, vector, k)
-        if "knowledge" in kinds and self._knowledge is not None:
-            found += await self._knowledge.search(user.tenant_id, user.id, vector, k)
+        if {"fact", "knowledge"} & set(kinds):
+            dense = await self._memory.dense_query(query, vector)
+            if "fact" in kinds and self._facts is not None:
+                found += await self._facts.search(user.id, dense, k)
+            if "knowledge" in kinds and self._knowledge is not None:
+                found += await self._knowledge.search(user.tenant_id, user.id, dense, k)
         return sorted(found, key=lambda hit: -hit.score)[:k]
 
     async def _turns(

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import structlog
 
+from retrieval.dense import DenseQuery
 from retrieval.errors import InvalidInputError
 from retrieval.facts.model import (
     CATEGORIES,
@@ -30,8 +31,10 @@ from retrieval.facts.model import (
     normalize,
     statement,
 )
+from retrieval.fusion import LanguageWeights, fuse_by_language
+from retrieval.protocols import Embedder, ScoredId
 from retrieval.stages import stage
-from retrieval.text import is_blank
+from retrieval.text import is_blank, is_mostly_cjk
 from storage.facts import FactRepository, NewFact, Resolution
 from storage.messages import MessageRepository
 from storage.records import Fact, FactChange, Turn, User
@@ -95,12 +98,24 @@ class FactMemory:
         extractor: FactExtractor,
         embed: Embed,
         model_name: str,
+        *,
+        second: Embedder | None = None,
+        weights: tuple[LanguageWeights, LanguageWeights] = (
+            LanguageWeights(1.0, 1.0),
+            LanguageWeights(1.0, 1.0),
+        ),
     ) -> None:
+        """`embed`, `model_name`: the first model's (whose vector a fact's row holds and
+        duplicates are told by); `second`: a second model, whose vectors of the facts
+        (`FactEmbedding` rows, made when a search first needs them) are fused with the
+        first's by `weights` (the first list's, the second's), as the turns' lists are."""
         self._facts = facts
         self._messages = messages
         self._extractor = extractor
         self._embed = embed
         self._model_name = model_name
+        self._second = second
+        self._weights = weights
 
     async def get_fact(self, fact_id: int) -> tuple[Fact, User]:
         return await self._facts.get_fact(fact_id)
@@ -256,15 +271,46 @@ class FactMemory:
         state's read (`SessionRepository.get_turn_state`)."""
         return sorted(await self._facts.list_pinned_facts(user_pk), key=fact_order)
 
-    async def search(self, user_pk: int, vector: np.ndarray, k: int) -> list[FactHit]:
-        """Active facts by cosine similarity to the query, best first."""
+    async def search(self, user_pk: int, query: DenseQuery, k: int) -> list[FactHit]:
+        """Active facts by similarity to the query, best first: with one model their
+        cosine similarity; with a second model (and the query's second vector) both
+        lists fused by standardised scores, each weighed by the language of the query
+        and of the fact, the hits' scores then the fused ones."""
         facts = await self._with_vectors(await self._facts.list_facts(user_pk))
         if not facts:
             return []
-        matrix = np.stack([np.frombuffer(f.vector or b"", dtype=np.float32) for f in facts])
-        scores = matrix @ vector.astype(np.float32)
-        order = np.argsort(-scores, kind="stable")[:k]
-        return [FactHit(facts[i], float(scores[i])) for i in order]
+        first = _similarities(facts, query.vector)
+        if self._second is None or query.second is None:
+            order = np.argsort(-first, kind="stable")[:k]
+            return [FactHit(facts[i], float(first[i])) for i in order]
+        second = await self._second_vectors(facts) @ query.second.astype(np.float32)
+        ids = [fact.id for fact in facts]
+        in_cjk = {fact.id for fact in facts if is_mostly_cjk(fact.text)}
+        exact = [dict(zip(ids, map(float, scores), strict=True)) for scores in (first, second)]
+        rankings = [
+            sorted((ScoredId(i, s) for i, s in scores.items()), key=lambda h: (-h.score, h.id))
+            for scores in exact
+        ]
+        by_id = {fact.id: fact for fact in facts}
+        fused = fuse_by_language(rankings, exact, self._weights, query.is_cjk, in_cjk)
+        return [FactHit(by_id[hit.id], hit.score) for hit in fused[:k]]
+
+    async def _second_vectors(self, facts: Sequence[Fact]) -> np.ndarray:
+        """The second model's vectors of the facts (a matrix, in their order), those not
+        stored yet made and stored."""
+        assert self._second is not None
+        model = self._second.model_name
+        stored = await self._facts.list_model_vectors([f.id for f in facts], model)
+        missing = [f for f in facts if f.id not in stored]
+        if missing:
+            vectors = await self._second.embed([f.text for f in missing])
+            made = [
+                (f.id, v.astype(np.float32).tobytes())
+                for f, v in zip(missing, vectors, strict=True)
+            ]
+            await self._facts.save_model_vectors(model, made)
+            stored.update(made)
+        return np.stack([np.frombuffer(stored[f.id], dtype=np.float32) for f in facts])
 
     async def _with_vectors(self, facts: Sequence[Fact]) -> list[Fact]:
         """The facts, those without a vector of the current model given one (after a model
@@ -283,6 +329,11 @@ class FactMemory:
             [(f.id, self._model_name, f.vector or b"") for f in fresh.values()]
         )
         return [fresh.get(f.id, f) for f in facts]
+
+
+def _similarities(facts: Sequence[Fact], vector: np.ndarray) -> np.ndarray:
+    matrix = np.stack([np.frombuffer(f.vector or b"", dtype=np.float32) for f in facts])
+    return matrix @ vector.astype(np.float32)
 
 
 def _check_text(text: str) -> None:

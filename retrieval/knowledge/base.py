@@ -34,12 +34,14 @@ from typing import Any
 import numpy as np
 import structlog
 
+from retrieval.dense import DenseQuery, SecondDense
 from retrieval.errors import DocumentTooLargeError, InvalidInputError, RetrievalError
+from retrieval.fusion import LanguageWeights, fuse_by_language
 from retrieval.indexes.reconcile import reconcile
 from retrieval.knowledge.chunking import Chunk, Chunker
 from retrieval.protocols import Embedder, ScoredId, VectorIndex
 from retrieval.sweeps import sweep_every
-from retrieval.text import is_blank
+from retrieval.text import is_blank, is_mostly_cjk
 from storage.claims import KNOWLEDGE_PROCESSING, JobClaimRepository, document_key
 from storage.errors import NotFoundError, StorageError
 from storage.knowledge import (
@@ -63,6 +65,8 @@ MARKDOWN_SOURCES = frozenset({"text", "md"})
 class KnowledgeConfig:
     chunk_tokens: int = 160
     overlap_tokens: int = 32
+    # With two dense lists, each list's best this many chunks are fused.
+    num_candidates: int = 20
     embed_batch_size: int = 64
     max_document_chars: int = 2_000_000
     # Documents of at most this many chunks are ready when the upload is answered.
@@ -111,6 +115,15 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+@dataclass(frozen=True, slots=True)
+class _DenseList:
+    """One dense list of chunks: its embedder, its index and its fusion weights."""
+
+    embedder: Embedder
+    index: VectorIndex
+    weights: LanguageWeights
+
+
 def embedding_text(chunk: StoredChunk | Chunk, title: str) -> str:
     """What is embedded: the chunk with its title and heading path, which carry its topic."""
     return "\n".join(part for part in (title, chunk.heading_path, chunk.text) if part)
@@ -125,11 +138,20 @@ class KnowledgeBase:
         config: KnowledgeConfig,
         *,
         claims: JobClaimRepository | None = None,
+        second: SecondDense | None = None,
+        weights: tuple[LanguageWeights, LanguageWeights] = (
+            LanguageWeights(1.0, 1.0),
+            LanguageWeights(1.0, 1.0),
+        ),
     ) -> None:
         """`claims`: the database's claims where other processes share it (PostgreSQL);
-        None where this process is alone (SQLite)."""
+        None where this process is alone (SQLite). `second`: a second model's list of
+        the chunks (every chunk embedded by both, each into its own index), fused with
+        the first by `weights` (the first list's, the second's) as the turns' lists are."""
         self._store = store
-        self._embedder = embedder
+        self._lists = [_DenseList(embedder, index, weights[0])]
+        if second is not None:
+            self._lists.append(_DenseList(second.embedder, second.index, weights[1]))
         self._index = index
         self._config = config
         self._claims = claims
@@ -262,16 +284,19 @@ class KnowledgeBase:
         try:
             await self._ensure_scope(scope)
             stale = await self._store.start_processing(document.id, len(chunks))
-            await self._index.remove(scope, stale)
+            for dense in self._lists:
+                await dense.index.remove(scope, stale)
             batch_size = self._config.embed_batch_size
             for start in range(0, len(chunks), batch_size):
                 batch = chunks[start : start + batch_size]
-                vectors = await self._embed([embedding_text(c, document.title) for c in batch])
+                texts = [embedding_text(c, document.title) for c in batch]
+                matrices = [await dense.embedder.embed(texts) for dense in self._lists]
                 ids = await self._store.add_chunks(
                     document.id,
                     [NewChunk(c.ordinal, c.text, c.token_count, c.heading_path) for c in batch],
                 )
-                await self._index.add(scope, ids, vectors)
+                for dense, vectors in zip(self._lists, matrices, strict=True):
+                    await dense.index.add(scope, ids, vectors)
             await self._store.finish_document(document.id, READY, None)
         except NotFoundError:
             raise
@@ -314,7 +339,8 @@ class KnowledgeBase:
         scope, chunk_ids = await self._store.delete_document(document_id)
         if chunk_ids:
             await self._ensure_scope(scope)
-            await self._index.remove(scope, chunk_ids)
+            for dense in self._lists:
+                await dense.index.remove(scope, chunk_ids)
 
     async def close(self) -> None:
         """Stop background work; unfinished documents stay `processing` and are resumed at
@@ -332,21 +358,19 @@ class KnowledgeBase:
     # Retrieval ------------------------------------------------------------------------
 
     async def num_vectors(self) -> int:
-        """Chunk vectors in the open scopes of the index."""
+        """Chunk vectors in the open scopes of the (first list's) index."""
         return await self._index.num_vectors()
 
     async def ping_index(self) -> None:
-        """Reach the knowledge index's store; raises IndexUnavailableError."""
-        await self._index.ping()
-
-    async def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        return await self._embedder.embed(list(texts))
+        """Reach the knowledge indexes' store; raises IndexUnavailableError."""
+        for dense in self._lists:
+            await dense.index.ping()
 
     async def search(
         self,
         tenant_id: int,
         user_pk: int | None,
-        vector: np.ndarray,
+        query: DenseQuery,
         k: int,
         *,
         with_documents: tuple[bool, bool] | None = None,
@@ -354,7 +378,13 @@ class KnowledgeBase:
         """The best `k` chunks of ready documents, the tenant's shared ones or the user's
         own, best first. `with_documents` (shared, own) says which of the two scopes hold
         documents where the caller read it already (a turn, with its session); else SQL
-        is asked."""
+        is asked.
+
+        With a second list (and the query's second vector), each list's best
+        `num_candidates` are fused by standardised scores, every candidate scored by
+        both lists, each list weighed by the language of the query and of the chunk;
+        the hits' scores are then the fused ones. With one list, a hit's score is its
+        similarity to the query."""
         if k <= 0:
             return []
         wanted = [scope_of(tenant_id, None)]
@@ -368,14 +398,33 @@ class KnowledgeBase:
             scopes = await self._opened([s for s in wanted if present[s]])
         if not scopes:
             return []
-        hits = await self._search(scopes, vector, k)
-        rows = await self._store.list_ready_chunks_by_id(scopes, [h.id for h in hits])
-        by_id = {row.id: row for row in rows}
-        return [KnowledgeHit(by_id[h.id], h.score) for h in hits if h.id in by_id][:k]
+        if len(self._lists) == 1 or query.second is None:
+            hits = await _search(self._index, scopes, query.vector, k)
+            rows = await self._store.list_ready_chunks_by_id(scopes, [h.id for h in hits])
+            by_id = {row.id: row for row in rows}
+            return [KnowledgeHit(by_id[h.id], h.score) for h in hits if h.id in by_id][:k]
+        return await self._fused(scopes, query, [query.vector, query.second], k)
 
-    async def _search(self, scopes: Sequence[int], vector: np.ndarray, k: int) -> list[ScoredId]:
-        hits = [hit for scope in scopes for hit in await self._index.search(scope, vector, k)]
-        return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
+    async def _fused(
+        self, scopes: Sequence[int], query: DenseQuery, vectors: Sequence[np.ndarray], k: int
+    ) -> list[KnowledgeHit]:
+        """The lists' hits fused (`search`): `vectors`, the query's vector of each list."""
+        fetch = max(k, self._config.num_candidates)
+        rankings = [
+            await _search(dense.index, scopes, vector, fetch)
+            for dense, vector in zip(self._lists, vectors, strict=True)
+        ]
+        candidates = sorted({hit.id for ranking in rankings for hit in ranking})
+        rows = await self._store.list_ready_chunks_by_id(scopes, candidates)
+        by_id = {row.id: row for row in rows}
+        exact = [
+            await _similarities(dense.index, scopes, vector, candidates)
+            for dense, vector in zip(self._lists, vectors, strict=True)
+        ]
+        in_cjk = {i for i, row in by_id.items() if is_mostly_cjk(row.text)}
+        weights = [dense.weights for dense in self._lists]
+        fused = fuse_by_language(rankings, exact, weights, query.is_cjk, in_cjk)
+        return [KnowledgeHit(by_id[h.id], h.score) for h in fused if h.id in by_id][:k]
 
     async def _searchable(self, scopes: list[int]) -> list[int]:
         """The scopes that have documents, loaded for search.
@@ -384,13 +433,11 @@ class KnowledgeBase:
         vector store) and is checked again next time, with one query for all of them, as
         another process sharing the database and Chroma server may add documents to it.
         """
-        unloaded = [s for s in scopes if not self._index.is_loaded(s)]
+        unloaded = [s for s in scopes if not self._is_loaded(s)]
         with_documents = (
             await self._store.list_scopes_with_documents(unloaded) if unloaded else set()
         )
-        return await self._opened(
-            [s for s in scopes if self._index.is_loaded(s) or s in with_documents]
-        )
+        return await self._opened([s for s in scopes if self._is_loaded(s) or s in with_documents])
 
     async def _opened(self, scopes: Sequence[int]) -> list[int]:
         """The scopes, each loaded (and reconciled with SQL) on first use."""
@@ -399,34 +446,53 @@ class KnowledgeBase:
         return list(scopes)
 
     async def _ensure_scope(self, scope: int) -> None:
-        """Load a scope and reconcile it with SQL, once per process."""
-        if self._index.is_loaded(scope):
+        """Load a scope and reconcile it with SQL, once per process: in each list's index
+        (a second list added to a store is filled here, chunk by chunk from SQL)."""
+        if self._is_loaded(scope):
             return
         lock = self._scope_locks.setdefault(scope, asyncio.Lock())
         async with lock:
-            if self._index.is_loaded(scope):
+            if self._is_loaded(scope):
                 return
             sql_ids = await self._store.list_chunk_ids(scope)
-            await reconcile(
-                self._index, scope, sql_ids, self._index_chunks, event="knowledge_scope_reconciled"
-            )
+            for dense in self._lists:
+                if dense.index.is_loaded(scope):
+                    continue
+
+                async def add(missing: set[int], dense: _DenseList = dense) -> None:
+                    await self._index_chunks(missing, lists=[dense])
+
+                await reconcile(
+                    dense.index, scope, sql_ids, add, event="knowledge_scope_reconciled"
+                )
+
+    def _is_loaded(self, scope: int) -> bool:
+        return all(dense.index.is_loaded(scope) for dense in self._lists)
 
     async def _index_chunks(
-        self, ids: Collection[int] | None, on_progress: Callable[[int], object] | None = None
+        self,
+        ids: Collection[int] | None,
+        on_progress: Callable[[int], object] | None = None,
+        *,
+        lists: Sequence[_DenseList] | None = None,
     ) -> int:
-        """Embed stored chunks (those in `ids`, or all) and add them to their scopes;
-        `on_progress` is told the number of chunks of each batch done."""
+        """Embed stored chunks (those in `ids`, or all) and add them to their scopes, in
+        `lists` (default: every list); `on_progress` is told the number of chunks of
+        each batch done."""
         if ids is not None and not ids:
             return 0
+        chosen_lists = self._lists if lists is None else lists
         num_chunks = 0
         after_id = 0
         batch_size = self._config.embed_batch_size
         while rows := await self._store.list_chunks_after_id(after_id, batch_size, ids):
-            vectors = await self._embed([embedding_text(row, row.title) for row in rows])
-            for scope in sorted({row.scope for row in rows}):
-                positions = [i for i, row in enumerate(rows) if row.scope == scope]
-                chosen = [rows[i].id for i in positions]
-                await self._index.add(scope, chosen, vectors[positions])
+            texts = [embedding_text(row, row.title) for row in rows]
+            for dense in chosen_lists:
+                vectors = await dense.embedder.embed(texts)
+                for scope in sorted({row.scope for row in rows}):
+                    positions = [i for i, row in enumerate(rows) if row.scope == scope]
+                    chosen = [rows[i].id for i in positions]
+                    await dense.index.add(scope, chosen, vectors[positions])
             num_chunks += len(rows)
             if on_progress is not None:
                 on_progress(len(rows))
@@ -436,7 +502,8 @@ class KnowledgeBase:
     async def drop_scope(self, scope: int) -> None:
         """Forget a scope's vectors entirely (its rows are already gone)."""
         async with self._scope_locks.setdefault(scope, asyncio.Lock()):
-            await self._index.drop(scope)
+            for dense in self._lists:
+                await dense.index.drop(scope)
 
     async def reindex_scope(self, scope: int) -> int:
         """Re-embed a scope's chunks from SQL into a fresh scope; returns how many."""
@@ -446,7 +513,8 @@ class KnowledgeBase:
 
     async def rebuild(self, on_progress: Callable[[int], object] | None = None) -> int:
         """Drop every knowledge vector and re-embed every stored chunk (`memchat reindex`)."""
-        await self._index.drop_all()
+        for dense in self._lists:
+            await dense.index.drop_all()
         return await self._index_chunks(None, on_progress)
 
     async def index_stored_chunks(self, chunks: Sequence[tuple[int, int]]) -> None:
@@ -458,7 +526,24 @@ class KnowledgeBase:
         for scope, chunk_id in chunks:
             by_scope.setdefault(scope, []).append(chunk_id)
         for scope, ids in sorted(by_scope.items()):
-            if self._index.is_loaded(scope):
+            if self._is_loaded(scope):
                 await self._index_chunks(ids)
             else:
                 await self._ensure_scope(scope)
+
+
+async def _search(
+    index: VectorIndex, scopes: Sequence[int], vector: np.ndarray, k: int
+) -> list[ScoredId]:
+    hits = [hit for scope in scopes for hit in await index.search(scope, vector, k)]
+    return sorted(hits, key=lambda h: (-h.score, h.id))[:k]
+
+
+async def _similarities(
+    index: VectorIndex, scopes: Sequence[int], vector: np.ndarray, ids: Collection[int]
+) -> dict[int, float]:
+    """The index's similarity of each of `ids` to the vector, whichever scope holds it."""
+    found: dict[int, float] = {}
+    for scope in scopes:
+        found.update(await index.similarities(scope, vector, set(ids) - found.keys()))
+    return found

@@ -1,6 +1,6 @@
 """Turn memory: embeddings kept in SQL and mirrored into a per-user vector index, plus a
 per-user lexical (BM25) index, searched together and fused (by standardised scores
-or reciprocal rank; see `retrieval.search.fusion`), the lexical query widened by related
+or reciprocal rank; see `retrieval.fusion`), the lexical query widened by related
 words of the user's own vocabulary (`retrieval.search.expansion`).
 
 Invariant: every vector in the index is also in SQL (`message_embeddings`). The index
@@ -29,17 +29,18 @@ import anyio
 import numpy as np
 import structlog
 
+from retrieval.dense import DenseQuery, SecondDense
 from retrieval.errors import EmbeddingModelMismatchError
+from retrieval.fusion import (
+    drop_near_duplicates,
+    reciprocal_rank_fusion,
+    standardised_fusion,
+)
 from retrieval.indexes.files import read_or_none, seal, unseal, write_atomic
 from retrieval.indexes.reconcile import reconcile
 from retrieval.protocols import Embedder, QueryEmbedder, ScoredId, VectorIndex
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
 from retrieval.search.focus import focus_of
-from retrieval.search.fusion import (
-    drop_near_duplicates,
-    reciprocal_rank_fusion,
-    standardised_fusion,
-)
 from retrieval.search.indexed_text import (
     TextRecipe,
     dense_texts,
@@ -49,7 +50,7 @@ from retrieval.search.indexed_text import (
 )
 from retrieval.search.lexical import Feedback, LexicalIndex, LexicalScores
 from retrieval.search.pieces import PieceScorer, QueryVectors, embed_queries, query_pieces
-from retrieval.search.second import SecondDense, SecondList, add_stored
+from retrieval.search.second import SecondList, add_stored
 from retrieval.search.trace import SearchTrace
 from retrieval.stages import stage
 from retrieval.text import is_mostly_cjk
@@ -358,6 +359,14 @@ class TurnMemory:
         self._neighbours.give_vectors(turn.user_pk, words, vectors[1 + len(pieces) : num_asked])
         first = mean_of_pieces(vectors[num_asked:], [len(own)])[0]
         return vectors[0], TurnVectors(first, second)
+
+    async def dense_query(self, query: str, vector: np.ndarray) -> DenseQuery:
+        """A query as the dense lists of facts and knowledge search it: `vector` (its
+        first vector, from `embed_query`), the second list's vector (kept by
+        `embed_query`, or made now) and its script."""
+        query = searched_text(query)
+        second = None if self._second is None else await self._second.query_vector(query)
+        return DenseQuery(vector, second, is_mostly_cjk(query))
 
     async def _embed_second_query(self, query: str) -> None:
         """The second embedder's vectors of a (searched) query and its pieces, kept for

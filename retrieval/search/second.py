@@ -15,12 +15,12 @@ follows finds it here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from retrieval.dense import SecondDense
 from retrieval.indexes.reconcile import reconcile
-from retrieval.protocols import Embedder, VectorIndex
+from retrieval.protocols import VectorIndex
 from retrieval.search.indexed_text import TextRecipe, embed_turns
 from retrieval.search.pieces import QueryVectors, embed_queries
 from storage.embeddings import EmbeddingRepository, StoredVector
@@ -28,14 +28,6 @@ from storage.records import Turn
 
 # Query vectors kept (whole queries and their pieces), by text.
 QUERY_CACHE = 256
-
-
-@dataclass(frozen=True, slots=True)
-class SecondDense:
-    """What the second list is made of: its embedder and its index."""
-
-    embedder: Embedder
-    index: VectorIndex
 
 
 async def add_stored(index: VectorIndex, user_pk: int, stored: Sequence[StoredVector]) -> None:

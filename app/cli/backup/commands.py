@@ -133,7 +133,8 @@ async def _import(
 ) -> ImportCounts:
     from app.adapters import build_index, load_embedder, load_second_embedder
     from app.runtime import build_knowledge, retrieval_config
-    from retrieval.search.memory import SecondDense, TurnMemory
+    from retrieval.dense import SecondDense
+    from retrieval.search.memory import TurnMemory
 
     db = Database.open(settings.resolved_database_url())
     try:
@@ -159,7 +160,7 @@ async def _import(
             repositories.backup,
             repositories.facts,
             memory,
-            lambda: build_knowledge(settings, repositories, embedder),
+            lambda: build_knowledge(settings, repositories, embedder, second_embedder),
             tenant.id,
         )
         with (

@@ -12,7 +12,8 @@ typical hit a candidate stands), every candidate is scored by every retriever ex
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -139,3 +140,77 @@ def jaccard(first: frozenset[Hashable], second: frozenset[Hashable]) -> float:
     if not first or not second:
         return 0.0
     return len(first & second) / len(first | second)
+
+
+@dataclass(frozen=True, slots=True)
+class LanguageWeights:
+    """A list's fusion weight of a memory: `english` where neither the query nor the
+    memory is mostly in CJK script, `cjk` where either is (an English-only model's
+    similarity to Chinese text is noise; a multilingual model's counts most there)."""
+
+    english: float
+    cjk: float
+
+    def of(
+        self, query_is_cjk: bool, candidates: Collection[int], in_cjk: Collection[int]
+    ) -> float | dict[int, float]:
+        """The weight for `standardised_fusion`: one for all candidates, or one each
+        (`in_cjk`: the candidates mostly in CJK script)."""
+        if query_is_cjk or self.cjk == self.english or not in_cjk:
+            return self.cjk if query_is_cjk else self.english
+        return {i: self.cjk if i in in_cjk else self.english for i in candidates}
+
+
+def standardised_by_group(
+    scores: Mapping[int, float], in_group: Collection[int], min_size: int = 3
+) -> dict[int, float]:
+    """`scores` standardised within each of two groups of ids (those in `in_group` and the
+    others), where each holds at least `min_size` ids with scores that differ; else as
+    they are. A multilingual model's similarities are lower between languages than
+    within one: by group, the best memory in the query's other language stands as far
+    above its group as the best in the query's language above its own."""
+    groups = [[i for i in scores if i in in_group], [i for i in scores if i not in in_group]]
+    values = [np.array([scores[i] for i in group]) for group in groups]
+    if any(len(v) < min_size or not np.ptp(v) for v in values):
+        return dict(scores)
+    found: dict[int, float] = {}
+    for group, value in zip(groups, values, strict=True):
+        z = (value - value.mean()) / value.std()
+        found.update(zip(group, map(float, z), strict=True))
+    return found
+
+
+def shares(
+    weights: Sequence[float | Mapping[int, float]], ids: Collection[int]
+) -> list[dict[int, float]]:
+    """Each id's weights in the lists as shares of their sum (a sum of 0 left as 0)."""
+    table = [{i: w[i] if isinstance(w, Mapping) else w for i in ids} for w in weights]
+    total = {i: sum(t[i] for t in table) for i in ids}
+    return [{i: t[i] / total[i] if total[i] else 0.0 for i in ids} for t in table]
+
+
+def fuse_by_language(
+    rankings: Sequence[Sequence[ScoredId]],
+    exact: Sequence[Mapping[int, float]],
+    weights: Sequence[LanguageWeights],
+    query_is_cjk: bool,
+    in_cjk: Collection[int],
+) -> list[ScoredId]:
+    """Dense lists without a lexical one (facts, knowledge), the last a multilingual
+    model's, fused: that list's scores standardised within each language
+    (`standardised_by_group`), each candidate's weights taken as shares of their sum
+    (a memory in one language can weigh as much as one in the other), then
+    `standardised_fusion`."""
+    candidates = sorted({hit.id for ranking in rankings for hit in ranking})
+    scores = [dict(found) for found in exact]
+    scores[-1] = standardised_by_group(scores[-1], in_cjk)
+    lists = [list(ranking) for ranking in rankings[:-1]]
+    own = {hit.id for hit in rankings[-1]}
+    lists.append(
+        sorted(
+            (ScoredId(i, s) for i, s in scores[-1].items() if i in own),
+            key=lambda hit: (-hit.score, hit.id),
+        )
+    )
+    chosen = [w.of(query_is_cjk, candidates, in_cjk) for w in weights]
+    return standardised_fusion(lists, scores, shares(chosen, candidates))
