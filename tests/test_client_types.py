@@ -1,6 +1,7 @@
 """The client's types are the server's: every body the client sends or reads
 (`memchat.types`) has the fields of the server's struct of the same name
-(`app.api.schemas`), with the same types, both ways, down through nested bodies. The
+(`app.api.schemas`), with the same types, both ways, down through nested bodies; so has
+every record of a user's export (`memchat.export`, the format's `storage.backup.lines`). The
 server's limits (lengths, ranges, patterns) are not compared: the client leaves them
 to the server. And the client installs light: importing it loads none of the server's
 libraries, and its distribution depends on httpx and msgspec only."""
@@ -10,14 +11,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
 
+import memchat.export
 import memchat.types
 from app.api import schemas
+from storage.backup import lines
 
 CLIENT_ROOT = Path(__file__).resolve().parents[1] / "app" / "client"
 # Every body of the routes the client calls, requests and responses; nested bodies are
@@ -57,9 +61,9 @@ def shape(kind: mi.Type, names: dict[str, Any] | None = None) -> Any:
     return type(kind).__name__  # StrType, IntType, ... without their constraints
 
 
-def bodies(module: Any) -> dict[str, Any]:
+def bodies(module: Any, body_names: list[str] = BODIES) -> dict[str, Any]:
     names: dict[str, Any] = {}
-    for name in BODIES:
+    for name in body_names:
         shape(mi.type_info(getattr(module, name)), names)
     return names
 
@@ -90,6 +94,14 @@ def test_every_body_of_the_client_is_the_servers_both_ways() -> None:
     server, client = bodies(schemas), bodies(memchat.types)
     assert differences(server, client) == []
     assert len(server) >= 30  # nested bodies reached too: Message, ContextReport, ...
+
+
+def test_every_export_record_of_the_client_is_the_servers_both_ways() -> None:
+    records = [kind.__name__ for kind in typing.get_args(lines.Record)]
+    assert records == [kind.__name__ for kind in typing.get_args(memchat.export.ExportRecord)]
+    server, client = bodies(lines, records), bodies(memchat.export, records)
+    assert differences(server, client) == []
+    assert len(server) == 12
 
 
 def test_a_field_on_one_side_only_is_found() -> None:

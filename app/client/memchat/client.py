@@ -12,6 +12,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
@@ -21,6 +22,7 @@ from memchat import routes, types
 from memchat.answers import RetryPolicy, error_of
 from memchat.errors import ServerUnreachableError
 from memchat.events import EventReader
+from memchat.export import ExportReader, ExportRecord, partial_file
 
 T = TypeVar("T")
 
@@ -95,6 +97,17 @@ class MemchatClient:
     def _send(self, call: routes.Call[T]) -> T:
         return call.answer(self._request(call).content)
 
+    @contextmanager
+    def _streamed(self, call: routes.Call[Any]) -> Iterator[httpx.Response]:
+        """The answer to `call`, to be read as it arrives; closed after."""
+        response = self._request(call, stream=True)
+        try:
+            yield response
+        except httpx.TransportError as exc:
+            raise _unreachable(self._http.base_url, exc) from exc
+        finally:
+            response.close()
+
     # Sessions and turns ---------------------------------------------------------------
 
     def create_session(
@@ -129,16 +142,11 @@ class MemchatClient:
         """A streamed chat turn: `Token`s, then the `Turn`. A failing engine raises
         `ServiceUnavailableError` mid-stream."""
         call = routes.send_message(session_id, _turn_body(content, True, sampling))
-        response = self._request(call, stream=True)
-        reader = EventReader()
-        try:
+        with self._streamed(call) as response:
+            reader = EventReader()
             for line in response.iter_lines():
                 if (event := reader.feed(line)) is not None:
                     yield event
-        except httpx.TransportError as exc:
-            raise _unreachable(self._http.base_url, exc) from exc
-        finally:
-            response.close()
 
     def import_history(
         self, session_id: str, messages: Sequence[types.HistoryMessage]
@@ -207,6 +215,28 @@ class MemchatClient:
     def delete_document(self, document_id: str) -> None:
         return self._send(routes.delete_document(document_id))
 
+    # Export ---------------------------------------------------------------------------
+
+    def export_user(self, user_id: str) -> Iterator[ExportRecord]:
+        """The user's export (`memchat.export`'s records) as it streams: the `Header`,
+        the user's rows, the `EndRecord`. A cut stream raises `UnexpectedAnswerError`."""
+        with self._streamed(routes.export_user(user_id)) as response:
+            reader = ExportReader()
+            for chunk in response.iter_bytes():
+                yield from reader.feed(chunk)
+            reader.finish()
+
+    def export_user_to_file(self, user_id: str, path: str | os.PathLike[str]) -> int:
+        """The user's export written to `path` byte for byte as the server sends it
+        (`memchat import` restores it), renamed into place once whole; the number of
+        records."""
+        reader = ExportReader()
+        with self._streamed(routes.export_user(user_id)) as response, partial_file(path) as file:
+            for chunk in response.iter_bytes():
+                reader.feed(chunk)
+                file.write(chunk)
+            return reader.finish()
+
 
 class AsyncMemchatClient:
     """`MemchatClient` on the event loop: the same methods, awaited (`stream_message`
@@ -258,6 +288,16 @@ class AsyncMemchatClient:
     async def _send(self, call: routes.Call[T]) -> T:
         return call.answer((await self._request(call)).content)
 
+    @asynccontextmanager
+    async def _streamed(self, call: routes.Call[Any]) -> AsyncIterator[httpx.Response]:
+        response = await self._request(call, stream=True)
+        try:
+            yield response
+        except httpx.TransportError as exc:
+            raise _unreachable(self._http.base_url, exc) from exc
+        finally:
+            await response.aclose()
+
     # Sessions and turns ---------------------------------------------------------------
 
     async def create_session(
@@ -289,16 +329,11 @@ class AsyncMemchatClient:
         self, session_id: str, content: str, **sampling: Unpack[types.Sampling]
     ) -> AsyncIterator[types.Token | types.Turn]:
         call = routes.send_message(session_id, _turn_body(content, True, sampling))
-        response = await self._request(call, stream=True)
-        reader = EventReader()
-        try:
+        async with self._streamed(call) as response:
+            reader = EventReader()
             async for line in response.aiter_lines():
                 if (event := reader.feed(line)) is not None:
                     yield event
-        except httpx.TransportError as exc:
-            raise _unreachable(self._http.base_url, exc) from exc
-        finally:
-            await response.aclose()
 
     async def import_history(
         self, session_id: str, messages: Sequence[types.HistoryMessage]
@@ -367,3 +402,23 @@ class AsyncMemchatClient:
 
     async def delete_document(self, document_id: str) -> None:
         return await self._send(routes.delete_document(document_id))
+
+    # Export ---------------------------------------------------------------------------
+
+    async def export_user(self, user_id: str) -> AsyncIterator[ExportRecord]:
+        async with self._streamed(routes.export_user(user_id)) as response:
+            reader = ExportReader()
+            async for chunk in response.aiter_bytes():
+                for record in reader.feed(chunk):
+                    yield record
+            reader.finish()
+
+    async def export_user_to_file(self, user_id: str, path: str | os.PathLike[str]) -> int:
+        """As `MemchatClient.export_user_to_file`; the file is written off the loop."""
+        reader = ExportReader()
+        async with self._streamed(routes.export_user(user_id)) as response:
+            with partial_file(path) as file:
+                async for chunk in response.aiter_bytes():
+                    reader.feed(chunk)
+                    await asyncio.to_thread(file.write, chunk)
+                return reader.finish()

@@ -189,3 +189,8 @@ def get_document(document_id: str) -> Call[types.KnowledgeDocument]:
 
 def delete_document(document_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/knowledge/{_segment(document_id)}", _nothing)
+
+
+def export_user(user_id: str) -> Call[None]:
+    """Streamed: the answer's lines are read by `memchat.export.ExportReader`."""
+    return Call("GET", f"/v1/users/{_segment(user_id)}/export", _nothing)
