@@ -38,6 +38,11 @@ EXPECTED: dict[str, list[list[str]]] = {
     "docs/clients.md": [
         [REPLY, "turn ", "I am allergic to peanuts"],
         ["我姐姐住在成都。"],
+        [
+            "user 我下周去杭州出差。",
+            f"assistant {REPLY}",
+            " records in lin.jsonl",
+        ],
         ["404 session 'no-such-session' not found", "[('temperature', 'Expected `float` <= 2.0')]"],
         [
             "Try apple slices.\nSorbet.\n",
