@@ -6,7 +6,7 @@ facts intact; an unknown user, or another tenant's, is a 404."""
 from __future__ import annotations
 
 import typing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
 
+from app.api.export import CHUNK_BYTES, _send
 from app.cli.backup import import_lines
 from app.factory import create_app
 from app.settings import Settings
@@ -214,3 +215,29 @@ async def test_the_openapi_document_describes_the_route(
     }
     statuses = ["200", "400", "401", "403", "404", "422", "429", "503"]
     assert sorted(operation["responses"]) == statuses
+    link = document["paths"]["/v1/sessions"]["post"]["responses"]["201"]["links"]["ExportUser"]
+    assert link["parameters"] == {"user_id": "$response.body#/user_id"}
+
+
+async def test_lines_go_out_in_chunks_and_a_stream_closed_early_closes_the_export() -> None:
+    """Whole lines grouped to about CHUNK_BYTES; closing the answer's stream closes the
+    export's lines (and so its snapshot) where it stands."""
+    closed: list[int] = []
+    line = b"x" * (CHUNK_BYTES // 2 + 1) + b"\n"
+
+    async def lines(count: int) -> AsyncGenerator[bytes]:
+        try:
+            yield b"header\n"
+            for _ in range(count):
+                yield line
+        finally:
+            closed.append(count)
+
+    whole = lines(3)
+    chunks = [chunk async for chunk in _send(await anext(whole), whole)]
+    assert chunks == [b"header\n", line * 2, line]
+    cut = lines(5)
+    stream = _send(await anext(cut), cut)
+    assert await anext(stream) == b"header\n"
+    await stream.aclose()
+    assert closed == [3, 5]

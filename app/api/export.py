@@ -10,7 +10,7 @@ which import refuses.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Annotated
 
 from litestar import Controller, get
@@ -66,7 +66,7 @@ class ExportController(Controller):
         return Stream(_send(header, lines), media_type=NDJSON)
 
 
-async def _send(header: bytes, lines: AsyncGenerator[bytes]) -> AsyncIterator[bytes]:
+async def _send(header: bytes, lines: AsyncGenerator[bytes]) -> AsyncGenerator[bytes]:
     """The header, then the rest in chunks of whole lines of about `CHUNK_BYTES` (a
     write per line would cost more than the line); the snapshot is closed however the
     stream ends, a client that hangs up included."""
