@@ -1,7 +1,8 @@
 """The client's export of a user (`export_user`, `export_user_to_file`), blocking and
 async, against a real server (tests/client_server.py): the records are the server's
 lines decoded, as they stream; the file is the server's bytes; an unknown user raises
-the typed 404; a stream without its end record raises."""
+the typed 404; a stream that breaks, or ends without its end record, raises and leaves
+no file."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import msgspec
 import pytest
 
 from memchat import AsyncMemchatClient, HistoryMessage, MemchatClient
-from memchat.errors import NotFoundError, UnexpectedAnswerError
+from memchat.errors import NotFoundError, ServerUnreachableError, UnexpectedAnswerError
 from memchat.export import (
     EndRecord,
     ExportReader,
@@ -144,3 +145,49 @@ def test_lines_split_anywhere_are_read_and_a_cut_export_raises() -> None:
         ExportReader().feed(lines[1])
     with pytest.raises(UnexpectedAnswerError, match="export line 2"):
         ExportReader().feed(lines[0] + b"<html>\n")
+
+
+HEADER = b'{"type":"header","format":"memchat-export","version":2,"tenant":"t","user_id":"u"}\n'
+USER = b'{"type":"user","user_id":"u","created_at":null}\n'
+
+
+class Broken(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """An answer's body that stops after its first lines: the connection broken
+    (`error`), or closed as if the answer were whole."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield HEADER + USER
+        if self.error is not None:
+            raise self.error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self:
+            yield chunk
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [(httpx.ReadError("connection reset"), ServerUnreachableError), (None, UnexpectedAnswerError)],
+)
+async def test_an_export_cut_short_raises_and_leaves_no_file(
+    tmp_path: Path, error: Exception | None, raised: type[Exception]
+) -> None:
+    def answer(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Broken(error))
+
+    transport = httpx.MockTransport(answer)
+    with MemchatClient("http://memchat", transport=transport) as memchat:
+        found = []
+        with pytest.raises(raised):
+            for record in memchat.export_user("u"):
+                found.append(record)
+        assert found == [Header("memchat-export", 2, "t", "u"), UserRecord("u")]
+        with pytest.raises(raised):
+            memchat.export_user_to_file("u", tmp_path / "u.jsonl")
+    async with AsyncMemchatClient("http://memchat", transport=transport) as memchat:
+        with pytest.raises(raised):
+            await memchat.export_user_to_file("u", tmp_path / "u.jsonl")
+    assert list(tmp_path.iterdir()) == []
