@@ -278,22 +278,24 @@ async def export_lines(
     tenant_name: str,
     user_id: str | None,
     *,
-    on_total: Counter = _ignore,
+    on_total: Counter | None = None,
     on_rows: Counter = _ignore,
     page_size: int = PAGE_SIZE,
 ) -> AsyncGenerator[bytes]:
     """The export of one user of the tenant (None: of every user and the tenant's shared
-    knowledge), line by line, the header naming the tenant `tenant_name`. `on_total` is
-    told the number of rows first, `on_rows` each row as it is written; rows are read
-    `page_size` at a time. Raises NotFoundError for an unknown user (at the first line)."""
+    knowledge), line by line, the header naming the tenant `tenant_name`. `on_total`, if
+    given, is told the number of rows first (counted for it only), `on_rows` each row as
+    it is written; rows are read `page_size` at a time. Raises NotFoundError for an
+    unknown user (at the first line)."""
     async with store.snapshot() as reader:
         only = None
         if user_id is not None:
             only = await reader.get_user_or_none(tenant_id, user_id)
             if only is None:
                 raise NotFoundError("user", user_id)
-        counts = await reader.count_rows(tenant_id, None if only is None else only.id)
-        on_total(sum(counts.values()))
+        if on_total is not None:
+            counts = await reader.count_rows(tenant_id, None if only is None else only.id)
+            on_total(sum(counts.values()))
         writer = _Writer(reader, tenant_id, on_rows, page_size)
         yield encode(Header(FORMAT, VERSION, tenant_name, user_id))
         if only is not None:
