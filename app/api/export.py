@@ -11,18 +11,16 @@ which import refuses.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Annotated
 
 from litestar import Controller, get
 from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
-from litestar.params import Parameter
 from litestar.response import Stream
 from litestar.status_codes import HTTP_200_OK
 
 from app.access.keys import Principal
+from app.api.facts import UserIdPath
 from app.api.problems import problems
-from app.api.schemas import MAX_ID_CHARS, USER_ID_PATTERN
 from storage.backup import BackupRepository
 from storage.backup.export import export_lines
 
@@ -31,9 +29,6 @@ from storage.backup.export import export_lines
 NDJSON = "application/x-ndjson"
 PATH = "/v1/users/{user_id}/export"
 CHUNK_BYTES = 64 * 1024
-UserIdPath = Annotated[
-    str, Parameter(min_length=1, max_length=MAX_ID_CHARS, pattern=USER_ID_PATTERN)
-]
 
 
 class ExportController(Controller):
