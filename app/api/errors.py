@@ -181,12 +181,17 @@ def on_engine(request: Request[Any, Any, Any], exc: EngineError) -> Response[Any
     )
 
 
+# What a 503 that did nothing adds: a client may send the same request again, even one
+# that stores (a chat turn), where after other 503s it might store a message twice.
+_NOTHING_DONE = {"x-should-retry": "true"}
+
+
 def on_engine_busy(request: Request[Any, Any, Any], exc: EngineBusyError) -> Response[Any]:
     return problem(
         request,
         503,
         f"the LLM engine is busy ({exc}); nothing was stored, retry later",
-        headers={"Retry-After": "2"},
+        headers={"Retry-After": "2", **_NOTHING_DONE},
     )
 
 
@@ -196,7 +201,7 @@ def on_session_busy(request: Request[Any, Any, Any], exc: SessionBusyError) -> R
         request,
         503,
         f"{exc}; nothing was stored, retry later",
-        headers={"Retry-After": "2"},
+        headers={"Retry-After": "2", **_NOTHING_DONE},
     )
 
 
@@ -208,7 +213,7 @@ def on_rate_limiter_unavailable(
         request,
         503,
         "the rate limiter (Redis) is unavailable; nothing was done, retry later",
-        headers={"Retry-After": "5"},
+        headers={"Retry-After": "5", **_NOTHING_DONE},
     )
 
 

@@ -19,6 +19,7 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from app.api import admin_schemas, schemas
 from app.api.completions import served_models
 from app.api.openapi_completions import completions_contract
+from app.api.openapi_export import export_contract
 from app.api.openapi_knowledge import knowledge_contract
 from app.settings import Settings
 from retrieval.prompt.budget import max_reply_tokens
@@ -162,6 +163,7 @@ def contract_document(
         }
     }
     knowledge_contract(patched, settings)
+    export_contract(patched)
     completions_contract(patched, models, context_window)
     _security(patched)
     return patched

@@ -16,7 +16,11 @@ WHY = {
     413: "The body (or an uploaded file) exceeds the configured size cap.",
     415: "Not a supported media type (bodies) or file kind (.txt, .md, .pdf uploads).",
     422: "Invalid input; `errors` names each offending field.",
-    503: "A dependency (engine, database or vector store) is unavailable or busy; see Retry-After.",
+    503: (
+        "A dependency (engine, database or vector store) is unavailable or busy; see "
+        "Retry-After. `x-should-retry: true`: nothing was done, the same request may be sent "
+        "again."
+    ),
 }
 
 

@@ -6,10 +6,13 @@ belongs to the operator rather than to users (API keys, admin sessions, the audi
 users, facts with every version and change, sessions, messages with the context they
 were sent with, every summary version, knowledge documents with their chunks. Both
 directions stream: memory holds a page or a batch of rows, never the file or the user.
+
+The format (`storage/backup/lines.py`) and the writer of an export
+(`storage/backup/export.py`) live below the app, where the API's export route
+(`GET /v1/users/{user_id}/export`) reads them too; this package is the commands and the
+import, which checks records against the API's own limits.
 """
 
-from app.cli.backup.export import export_lines
-from app.cli.backup.lines import FORMAT, VERSION, BackupFormatError
 from app.cli.backup.restore import (
     ImportCounts,
     ImportTarget,
@@ -17,6 +20,7 @@ from app.cli.backup.restore import (
     import_lines,
     vectors_only,
 )
+from storage.backup.lines import FORMAT, VERSION, BackupFormatError
 
 __all__ = [
     "FORMAT",
@@ -25,7 +29,6 @@ __all__ = [
     "ImportCounts",
     "ImportTarget",
     "check_lines",
-    "export_lines",
     "import_lines",
     "vectors_only",
 ]

@@ -12,9 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from app.cli.backup.export import export_lines
 from app.cli.backup.limits import ImportLimits
-from app.cli.backup.lines import BackupFormatError
 from app.cli.backup.restore import (
     BATCH_SIZE,
     ImportCounts,
@@ -26,6 +24,8 @@ from app.cli.backup.restore import (
 from app.cli.database import migrate_database
 from app.cli.progress import add_progress_option, is_shown, progress_bar
 from app.settings import Settings
+from storage.backup.export import export_lines
+from storage.backup.lines import BackupFormatError
 from storage.db import Database
 from storage.errors import NotFoundError
 from storage.repositories import Repositories
@@ -94,7 +94,8 @@ async def _export(settings: Settings, args: argparse.Namespace) -> int:
         ):
             lines = export_lines(
                 repositories.backup,
-                tenant,
+                tenant.id,
+                tenant.name,
                 args.user_id,
                 on_total=bar.set_total,
                 on_rows=bar.advance,

@@ -31,7 +31,10 @@ from app.api.schemas import (
     MAX_TITLE_CHARS,
     USER_ID_PATTERN,
 )
-from app.cli.backup.lines import (
+from app.settings import ChatSettings, KnowledgeSettings
+from retrieval.knowledge.base import content_hash
+from retrieval.text import is_blank
+from storage.backup.lines import (
     BackupFormatError,
     ChunkRecord,
     DocumentRecord,
@@ -46,9 +49,6 @@ from app.cli.backup.lines import (
     SummaryRecord,
     UserRecord,
 )
-from app.settings import ChatSettings, KnowledgeSettings
-from retrieval.knowledge.base import content_hash
-from retrieval.text import is_blank
 from storage.sessions import is_uuid
 
 # PostgreSQL's `integer`, the type of every column that holds a place or a count.

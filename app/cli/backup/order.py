@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from app.cli.backup.lines import (
+from storage.backup.lines import (
     BackupFormatError,
     ChunkRecord,
     DocumentRecord,

@@ -23,7 +23,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from app.cli.backup.limits import ImportLimits
-from app.cli.backup.lines import (
+from app.cli.backup.order import OrderCheck
+from retrieval.knowledge.base import KnowledgeBase
+from retrieval.search.memory import RetrievalConfig, TurnMemory
+from storage.backup import (
+    BackupRepository,
+    RestoreBatch,
+    RestoredChange,
+    RestoredDocument,
+    RestoredFact,
+    RestoredMessage,
+)
+from storage.backup.lines import (
     BackupFormatError,
     ChunkRecord,
     DocumentRecord,
@@ -40,17 +51,6 @@ from app.cli.backup.lines import (
     SummaryRecord,
     UserRecord,
     read_records,
-)
-from app.cli.backup.order import OrderCheck
-from retrieval.knowledge.base import KnowledgeBase
-from retrieval.search.memory import RetrievalConfig, TurnMemory
-from storage.backup import (
-    BackupRepository,
-    RestoreBatch,
-    RestoredChange,
-    RestoredDocument,
-    RestoredFact,
-    RestoredMessage,
 )
 from storage.errors import ConflictError, InvalidDataError, RestoreRefusedError
 from storage.facts import FactRepository

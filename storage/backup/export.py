@@ -1,17 +1,20 @@
 """Writing an export: the rows of one user or a whole tenant as lines, a page at a time.
 
-Everything is read in one snapshot (`BackupRepository.snapshot`) and written as it is
-read, so memory holds a page of rows and, per user, the map from their fact ids to fact
-keys (a dict of the user's fact rows). An export of a store that an import of the same
-file filled gives the same bytes.
+One writer for both ways out of a store: `memchat export` (app/cli/backup) and the API's
+`GET /v1/users/{user_id}/export` (app/api/export.py) send these same lines. Everything
+is read in one snapshot (`BackupRepository.snapshot`) and written as it is read, so
+memory holds a page of rows and, per user, the map from their fact ids to fact keys (a
+dict of the user's fact rows). An export of a store that an import of the same file
+filled gives the same bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Any
 
-from app.cli.backup.lines import (
+from storage.backup import BackupReader, BackupRepository
+from storage.backup.lines import (
     FORMAT,
     VERSION,
     ChunkRecord,
@@ -29,9 +32,8 @@ from app.cli.backup.lines import (
     UserRecord,
     encode,
 )
-from storage.backup import BackupReader, BackupRepository
 from storage.errors import NotFoundError
-from storage.records import Document, Fact, FactChange, Tenant, Turn, User
+from storage.records import Document, Fact, FactChange, Turn, User
 
 PAGE_SIZE = 500
 Counter = Callable[[int], object]
@@ -272,33 +274,36 @@ def _document_record(document: Document, owner: User | None) -> DocumentRecord:
 
 async def export_lines(
     store: BackupRepository,
-    tenant: Tenant,
+    tenant_id: int,
+    tenant_name: str,
     user_id: str | None,
     *,
-    on_total: Counter = _ignore,
+    on_total: Counter | None = None,
     on_rows: Counter = _ignore,
     page_size: int = PAGE_SIZE,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """The export of one user of the tenant (None: of every user and the tenant's shared
-    knowledge), line by line. `on_total` is told the number of rows first, `on_rows`
-    each row as it is written; rows are read `page_size` at a time. Raises
-    NotFoundError for an unknown user."""
+    knowledge), line by line, the header naming the tenant `tenant_name`. `on_total`, if
+    given, is told the number of rows first (counted for it only), `on_rows` each row as
+    it is written; rows are read `page_size` at a time. Raises NotFoundError for an
+    unknown user (at the first line)."""
     async with store.snapshot() as reader:
         only = None
         if user_id is not None:
-            only = await reader.get_user_or_none(tenant.id, user_id)
+            only = await reader.get_user_or_none(tenant_id, user_id)
             if only is None:
                 raise NotFoundError("user", user_id)
-        counts = await reader.count_rows(tenant.id, None if only is None else only.id)
-        on_total(sum(counts.values()))
-        writer = _Writer(reader, tenant.id, on_rows, page_size)
-        yield encode(Header(FORMAT, VERSION, tenant.name, user_id))
+        if on_total is not None:
+            counts = await reader.count_rows(tenant_id, None if only is None else only.id)
+            on_total(sum(counts.values()))
+        writer = _Writer(reader, tenant_id, on_rows, page_size)
+        yield encode(Header(FORMAT, VERSION, tenant_name, user_id))
         if only is not None:
             async for line in writer.user(only):
                 yield line
         else:
             list_users = reader.list_users
-            async for users in _pages(lambda after: list_users(tenant.id, after, page_size)):
+            async for users in _pages(lambda after: list_users(tenant_id, after, page_size)):
                 for user in users:
                     async for line in writer.user(user):
                         yield line
