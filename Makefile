@@ -15,7 +15,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser haproxy tmux peers bench-peers
+.PHONY: install install-dev run migrate test lint bench clean vllm vllm-serve stack-local browser haproxy tmux peers bench-peers fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -123,6 +123,10 @@ bench-peers: install-dev peers
 
 test: lint vllm browser haproxy tmux peers
 	$(BIN)/pytest --durations=30
+
+# schemathesis over every operation with 100 examples each (make test runs 10).
+fuzz: install-dev
+	MEMCHAT_FUZZ_EXAMPLES=100 $(BIN)/pytest tests/test_fuzz_api.py
 
 bench: install-dev
 	$(BIN)/pip install --quiet -e '.[bench]'

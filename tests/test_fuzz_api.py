@@ -7,6 +7,7 @@ fails. Examples per operation are bounded so that `make test` stays quick.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,8 @@ from storage.db import Database, create_engine
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import live_server
 
-MAX_EXAMPLES = 20
+# Examples per operation: a short run in `make test`, a deeper one in `make fuzz`.
+MAX_EXAMPLES = int(os.environ.get("MEMCHAT_FUZZ_EXAMPLES", "10"))
 
 
 async def _migrate_with_key(url: str) -> str:
