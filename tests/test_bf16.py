@@ -12,7 +12,13 @@ from structlog.testing import capture_logs
 from app.adapters import EMBEDDERS
 from app.settings import EmbedderSettings
 from retrieval.embedders import bf16
-from retrieval.embedders.bf16 import Bf16Transformer, cpu_flags, has_bf16_matrix_units
+from retrieval.embedders.bf16 import (
+    Bf16Transformer,
+    bf16_path_for,
+    cpu_flags,
+    has_bf16_matrix_units,
+    has_native_bf16,
+)
 
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -39,6 +45,39 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
 def test_bf16_needs_amx_tiles(tmp_path: Path, cpuinfo: str, expected: bool) -> None:
     (tmp_path / "cpuinfo").write_text(cpuinfo)
     assert has_bf16_matrix_units(cpu_flags(tmp_path / "cpuinfo")) is expected
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "expected"),
+    [(SAPPHIRE_RAPIDS, True), (ZEN4, True), ("processor\t: 0\nflags\t\t: fpu avx2\n", False)],
+)
+def test_native_bf16_is_amx_or_avx512_bf16(tmp_path: Path, cpuinfo: str, expected: bool) -> None:
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    assert has_native_bf16(cpu_flags(tmp_path / "cpuinfo")) is expected
+
+
+@pytest.mark.parametrize(
+    ("precision", "flags", "expected"),
+    [
+        ("auto", {"amx_bf16", "amx_tile"}, True),
+        ("auto", {"avx512_bf16"}, False),
+        ("bf16", {"avx512_bf16"}, True),
+        ("bf16", {"amx_bf16", "amx_tile"}, True),
+        ("fp32", {"amx_bf16", "amx_tile", "avx512_bf16"}, False),
+        ("int8", {"amx_bf16", "amx_tile"}, False),
+    ],
+)
+def test_which_precision_runs_large_calls_in_bf16(
+    monkeypatch: pytest.MonkeyPatch, precision: str, flags: set[str], expected: bool
+) -> None:
+    monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset(flags))
+    assert bf16_path_for(precision) is expected
+
+
+def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset({"avx2"}))
+    with pytest.raises(ValueError, match="precision bf16 needs a CPU with native bfloat16"):
+        bf16_path_for("bf16")
 
 
 @pytest.mark.model

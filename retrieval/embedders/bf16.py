@@ -5,7 +5,9 @@ On such a CPU all-MiniLM-L6-v2 embeds about 2,300 eight-word pieces a second on 
 cores in batches of 128, against about 650 for ONNX Runtime in fp32, and its vectors
 stay at cosine >= 0.9999 of the fp32 model's (bench/RESULTS.md): the same vectors for
 ranking, so they are stored under the model's own name. On CPUs without AMX, bfloat16
-is emulated and slower than fp32, so it is not used there.
+without any native bfloat16 it is emulated and slower than fp32, so it is never used
+there; with AVX-512's bfloat16 dot products but no AMX it is about 1.4-1.5 times as fast
+as fp32 and costs more memory, so it is used there only when asked (`bf16_path_for`).
 
 The model is loaded in a background thread on first demand (torch and the weights take
 a few seconds and about 400 MiB): until it is ready, and if loading fails, the caller
@@ -60,6 +62,27 @@ def has_bf16_matrix_units(flags: frozenset[str] | None = None) -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles)."""
     flags = cpu_flags() if flags is None else flags
     return {"amx_bf16", "amx_tile"} <= flags
+
+
+def has_native_bf16(flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU computes with bfloat16 natively: AMX tiles, or AVX-512's
+    bfloat16 dot products (AMD Zen 4, Intel Cooper Lake): there the bfloat16 path is
+    faster than fp32 too, by less (bench/RESULTS.md)."""
+    flags = cpu_flags() if flags is None else flags
+    return has_bf16_matrix_units(flags) or "avx512_bf16" in flags
+
+
+def bf16_path_for(precision: str) -> bool:
+    """Whether an embedder of this precision setting runs its large calls in bfloat16:
+    "auto" on CPUs with AMX, "bf16" on any CPU with native bfloat16 (refused on others)."""
+    if precision == "bf16":
+        if not has_native_bf16():
+            raise ValueError(
+                "precision bf16 needs a CPU with native bfloat16 (AMX, or AVX-512 BF16); "
+                "this one has neither: use auto or fp32"
+            )
+        return True
+    return precision == "auto" and has_bf16_matrix_units()
 
 
 def release_freed_memory() -> None:
