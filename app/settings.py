@@ -35,8 +35,8 @@ class EmbedderSettings(BaseModel):
     # messages, reindexing) on a CPU with AMX, which run the model in bfloat16 (torch):
     # three times as fast there, vectors at cosine >= 0.9999 of fp32's, same model name.
     # "bf16": the same on any CPU with native bfloat16, AVX-512 BF16 too (AMD Zen 4:
-    # imports about 1.5 times as fast as fp32, about 150 MiB more memory with both
-    # dense lists; refused on CPUs without). "fp32": ONNX Runtime in fp32 for every call.
+    # imports about 1.4 times as fast as fp32 with both dense lists, for about 600 MiB
+    # more memory; refused on CPUs without). "fp32": ONNX Runtime in fp32 for every call.
     # "int8" ("onnx" only) quantises the model's weights to 8 bits (faster on CPUs with
     # VNNI; its vectors are stored as "<model name>-int8").
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
