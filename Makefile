@@ -124,7 +124,7 @@ bench-peers: install-dev peers
 test: lint vllm browser haproxy tmux peers
 	$(BIN)/pytest --durations=30
 
-# schemathesis over every operation with 100 examples each (make test runs 10).
+# schemathesis over every operation with 100 examples each (make test runs 20).
 fuzz: install-dev
 	MEMCHAT_FUZZ_EXAMPLES=100 $(BIN)/pytest tests/test_fuzz_api.py
 

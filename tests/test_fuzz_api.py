@@ -25,7 +25,7 @@ from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import live_server
 
 # Examples per operation: a short run in `make test`, a deeper one in `make fuzz`.
-MAX_EXAMPLES = int(os.environ.get("MEMCHAT_FUZZ_EXAMPLES", "10"))
+MAX_EXAMPLES = int(os.environ.get("MEMCHAT_FUZZ_EXAMPLES", "20"))
 
 
 async def _migrate_with_key(url: str) -> str:
