@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from litestar.testing import AsyncTestClient
 
 from app.factory import create_app
@@ -78,6 +80,45 @@ def test_the_span_a_query_names(query: str, span: Span) -> None:
     ],
 )
 def test_a_query_naming_no_time_has_no_span(query: str) -> None:
+    assert time_span(query, NOW) is None
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                *"0123456789 ,.年月日号天周前个份去今上这本一二两三四五六七八九十",
+                " May ",
+                " last ",
+                " ago ",
+                " days ",
+                " in ",
+                " on ",
+                " 9999",
+                " of ",
+            ]
+        ),
+        max_size=24,
+    ).map("".join)
+)
+def test_any_text_gives_a_span_or_none(text: str) -> None:
+    span = time_span(text, NOW)
+    assert span is None or span.start < span.end
+
+
+@pytest.mark.parametrize(
+    ("query", "span"),
+    [
+        ("二十天前我去了哪里？", days("2026-02-26", "2026-02-27")),
+        ("二十五年前", days("2001-01-01", "2002-01-01")),
+    ],
+)
+def test_chinese_numbers_of_two_and_three_numerals(query: str, span: Span) -> None:
+    assert time_span(query, NOW) == span
+
+
+@pytest.mark.parametrize("query", ["9999年12月", "0000年", "五五月", "2023年13月", "三十月"])
+def test_no_calendar_has_it(query: str) -> None:
     assert time_span(query, NOW) is None
 
 

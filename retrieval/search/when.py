@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _MONTHS = {
@@ -79,7 +80,7 @@ _ZH = re.compile(
     r"|(上个?|这个?|本)(周|星期|礼拜|月)"
     r"|(\d{1,2})月(\d{1,2})[日号]"
     r"|(\d{1,2}|[一二两三四五六七八九十]{1,2})月份?"
-    r"|(\d{1,3}|[一二两三四五六七八九十])(?:个)?(天|周|星期|月|年)(?:以)?前"
+    r"|(\d{1,3}|[一二两三四五六七八九十]{1,3})(?:个)?(天|周|星期|月|年)(?:以)?前"
     r"|(昨天|前天)"
 )
 
@@ -98,11 +99,23 @@ class Span:
 def time_span(query: str, now: dt.datetime) -> Span | None:
     """The span the query's time expressions cover, or None."""
     now = now.astimezone(dt.UTC)
-    spans = [span for match in _EN.finditer(query) if (span := _english(match, now))]
-    spans += [span for match in _ZH.finditer(query) if (span := _chinese(match, now))]
+    spans = [span for match in _EN.finditer(query) if (span := _resolved(_english, match, now))]
+    spans += [span for match in _ZH.finditer(query) if (span := _resolved(_chinese, match, now))]
     if not spans:
         return None
     return Span(min(s.start for s in spans), max(s.end for s in spans))
+
+
+def _resolved(
+    resolve: Callable[[re.Match[str], dt.datetime], Span | None],
+    match: re.Match[str],
+    now: dt.datetime,
+) -> Span | None:
+    """A match's span; None for a day or year no calendar has (30 February, year 0)."""
+    try:
+        return resolve(match, now)
+    except (ValueError, OverflowError):
+        return None
 
 
 def _day(year: int, month: int, day: int) -> Span | None:
@@ -196,15 +209,22 @@ def _last_or_this(which: str, what: str, now: dt.datetime) -> Span:
     return _season(year, season)
 
 
-def _zh_number(text: str) -> int:
+def _zh_number(text: str) -> int | None:
+    """A number of at most two Chinese numerals (十二, 二十, 三) or digits; None for what
+    is not one (五五)."""
     if text.isdigit():
         return int(text)
-    if text.startswith("十"):
-        return 10 + _ZH_DIGITS.get(text[1:], 0)
-    if "十" in text:
-        tens, _, units = text.partition("十")
-        return _ZH_DIGITS[tens] * 10 + _ZH_DIGITS.get(units, 0)
-    return _ZH_DIGITS[text]
+    if text == "十":
+        return 10
+    tens, ten, units = text.partition("十")
+    if ten:
+        value = (_ZH_DIGITS.get(tens, 0) if tens else 1) * 10 + _ZH_DIGITS.get(units, 0)
+        return (
+            value
+            if (not tens or tens in _ZH_DIGITS) and (not units or units in _ZH_DIGITS)
+            else None
+        )
+    return _ZH_DIGITS.get(text) if len(text) == 1 else None
 
 
 def _chinese(match: re.Match[str], now: dt.datetime) -> Span | None:  # noqa: C901
@@ -232,9 +252,10 @@ def _chinese(match: re.Match[str], now: dt.datetime) -> Span | None:  # noqa: C9
         return _day(year, month, day)
     if g[13]:
         month = _zh_number(g[13])
-        return _last_month_named(month, now, before=False) if 1 <= month <= 12 else None
+        return _last_month_named(month, now, before=False) if month and month <= 12 else None
     if g[14]:
         unit = {"天": "day", "周": "week", "星期": "week", "月": "month", "年": "year"}[g[15]]
-        return _ago(_zh_number(g[14]), unit, now)
+        count = _zh_number(g[14])
+        return None if count is None else _ago(count, unit, now)
     today = dt.datetime(now.year, now.month, now.day, tzinfo=dt.UTC)
     return _day_span(today - dt.timedelta(days={"昨天": 1, "前天": 2}[g[16]]))
