@@ -251,8 +251,8 @@ def _chinese(match: re.Match[str], now: dt.datetime) -> Span | None:  # noqa: C9
         year = now.year if (month, day) <= (now.month, now.day) else now.year - 1
         return _day(year, month, day)
     if g[13]:
-        month = _zh_number(g[13])
-        return _last_month_named(month, now, before=False) if month and month <= 12 else None
+        named = _zh_number(g[13])
+        return _last_month_named(named, now, before=False) if named and named <= 12 else None
     if g[14]:
         unit = {"天": "day", "周": "week", "星期": "week", "月": "month", "年": "year"}[g[15]]
         count = _zh_number(g[14])
