@@ -266,11 +266,7 @@ def _in_time(variant, question, ranked, rankings, exact, turns, weights):
     boost = float(variant["when"])
     candidates = {hit.id for ranking in rankings for hit in ranking} | inside
     # As the service does: the turns said then are candidates too, scored by each list.
-    found = {hit.id for ranking in rankings for hit in ranking}
-    extra = [ScoredId(i, 0.0) for i in sorted(inside - found)]
-    fused = standardised_fusion(
-        [*rankings, extra], [*(of(candidates) for of in exact), {}], [*weights, 0.0]
-    )
+    fused = standardised_fusion(rankings, [of(candidates) for of in exact], weights, inside)
     return raised(fused, inside, boost)
 
 

@@ -49,8 +49,10 @@ def standardised_fusion(
     rankings: Sequence[Sequence[ScoredId]],
     scores: Sequence[Mapping[int, float]],
     weights: Sequence[float | Mapping[int, float]],
+    extra: Collection[int] = (),
 ) -> list[ScoredId]:
-    """Fused ranking of the candidates (every id of `rankings`), best first.
+    """Fused ranking of the candidates (every id of `rankings`, and the `extra` ids no
+    list found, which rank after the found ones on a tie), best first.
 
     `rankings[i]` is retriever i's own hit list, whose scores give the mean and spread
     its scores are standardised by; `scores[i]` is its exact score of each candidate
@@ -61,7 +63,7 @@ def standardised_fusion(
     apart), then to the lower id. A weight may be given per candidate (a mapping: the
     language of each memory can make a retriever's score of it worth less).
     """
-    candidates = sorted({hit.id for ranking in rankings for hit in ranking})
+    candidates = sorted({hit.id for ranking in rankings for hit in ranking} | set(extra))
     fused = np.zeros(len(candidates))
     for ranking, exact, weight in zip(rankings, scores, weights, strict=True):
         own = np.array([hit.score for hit in ranking])
@@ -76,7 +78,7 @@ def standardised_fusion(
             )
             fused += factor * (values - spread.mean()) / spread.std()
     best_rank = best_ranks(rankings)
-    ranks = np.array([best_rank[i] for i in candidates])
+    ranks = np.array([best_rank.get(i, len(candidates)) for i in candidates])
     order = np.lexsort((np.array(candidates), ranks, -fused))
     return [ScoredId(candidates[i], float(fused[i])) for i in order]
 

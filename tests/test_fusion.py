@@ -96,6 +96,18 @@ def test_standardised_fusion_without_spread_or_exact_scores() -> None:
     assert fused[1].score == pytest.approx(z(1.0, [10.0, 2.0, 1.0]))
 
 
+def test_extra_candidates_no_list_found_are_scored_and_rank_last_on_a_tie() -> None:
+    # Turn 7 is found by neither list (a turn said on the day a query names): each list
+    # scores it exactly, against its own hits' mean and spread.
+    dense_exact = {**DENSE_EXACT, 7: 0.7}
+    fused = standardised_fusion([DENSE], [dense_exact], [1.0], extra={7})
+    assert [h.id for h in fused] == [1, 7, 2, 3]
+    assert fused[1].score == pytest.approx(z(0.7, [0.9, 0.5, 0.4]))
+    # One it cannot score counts as its lowest hit, and after the hit it ties with.
+    fused = standardised_fusion([DENSE], [DENSE_EXACT], [1.0], extra={7})
+    assert [h.id for h in fused] == [1, 2, 3, 7]
+
+
 def test_a_single_hit_is_standardised_over_every_candidates_exact_score() -> None:
     """One turn holds the query's words: its list has no spread, but the exact scores of
     the other candidates (0: they share no word) give one."""

@@ -33,7 +33,6 @@ import structlog
 from retrieval.dense import DenseQuery, SecondDense
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.fusion import (
-    best_ranks,
     drop_near_duplicates,
     reciprocal_rank_fusion,
     standardised_fusion,
@@ -828,14 +827,7 @@ class TurnMemory:
                 weights.append(
                     {i: side.weight_cjk if i in in_cjk else side.weight for i in candidates}
                 )
-        rankings = [side.ranking for side in sides]
-        if extra:
-            # The extra candidates are ranked too: ids no list found come last.
-            found = best_ranks(rankings)
-            rankings.append([ScoredId(i, 0.0) for i in sorted(set(extra) - found.keys())])
-            exact.append({})
-            weights.append(0.0)
-        return standardised_fusion(rankings, exact, weights)
+        return standardised_fusion([side.ranking for side in sides], exact, weights, extra)
 
     async def _query_terms(
         self, user_pk: int, query: str, exclude: Collection[int]
