@@ -152,7 +152,6 @@ class KnowledgeBase:
         self._lists = [_DenseList(embedder, index, weights[0])]
         if second is not None:
             self._lists.append(_DenseList(second.embedder, second.index, weights[1]))
-        self._index = index
         self._config = config
         self._claims = claims
         self._chunker = Chunker(config.chunk_tokens, config.overlap_tokens)
@@ -359,7 +358,7 @@ class KnowledgeBase:
 
     async def num_vectors(self) -> int:
         """Chunk vectors in the open scopes of the (first list's) index."""
-        return await self._index.num_vectors()
+        return await self._lists[0].index.num_vectors()
 
     async def ping_index(self) -> None:
         """Reach the knowledge indexes' store; raises IndexUnavailableError."""
@@ -399,17 +398,18 @@ class KnowledgeBase:
         if not scopes:
             return []
         if len(self._lists) == 1 or query.second is None:
-            hits = await _search(self._index, scopes, query.vector, k)
+            hits = await _search(self._lists[0].index, scopes, query.vector, k)
             rows = await self._store.list_ready_chunks_by_id(scopes, [h.id for h in hits])
             by_id = {row.id: row for row in rows}
             return [KnowledgeHit(by_id[h.id], h.score) for h in hits if h.id in by_id][:k]
-        return await self._fused(scopes, query, [query.vector, query.second], k)
+        return await self._fused(scopes, query, query.second, k)
 
     async def _fused(
-        self, scopes: Sequence[int], query: DenseQuery, vectors: Sequence[np.ndarray], k: int
+        self, scopes: Sequence[int], query: DenseQuery, second: np.ndarray, k: int
     ) -> list[KnowledgeHit]:
-        """The lists' hits fused (`search`): `vectors`, the query's vector of each list."""
+        """The two lists' hits fused (`search`); `second`, the query's second vector."""
         fetch = max(k, self._config.num_candidates)
+        vectors = [query.vector, second]
         rankings = [
             await _search(dense.index, scopes, vector, fetch)
             for dense, vector in zip(self._lists, vectors, strict=True)
@@ -417,10 +417,14 @@ class KnowledgeBase:
         candidates = sorted({hit.id for ranking in rankings for hit in ranking})
         rows = await self._store.list_ready_chunks_by_id(scopes, candidates)
         by_id = {row.id: row for row in rows}
-        exact = [
-            await _similarities(dense.index, scopes, vector, candidates)
-            for dense, vector in zip(self._lists, vectors, strict=True)
-        ]
+        # Each list's scores of its own hits, and of the other's hits read from its index.
+        exact = []
+        for dense, vector, ranking in zip(self._lists, vectors, rankings, strict=True):
+            scores = {hit.id: hit.score for hit in ranking}
+            scores |= await _similarities(
+                dense.index, scopes, vector, set(candidates) - scores.keys()
+            )
+            exact.append(scores)
         in_cjk = {i for i, row in by_id.items() if is_mostly_cjk(row.text)}
         weights = [dense.weights for dense in self._lists]
         fused = fuse_by_language(rankings, exact, weights, query.is_cjk, in_cjk)
@@ -509,7 +513,7 @@ class KnowledgeBase:
         """Re-embed a scope's chunks from SQL into a fresh scope; returns how many."""
         await self.drop_scope(scope)
         await self._ensure_scope(scope)
-        return len(await self._index.list_ids(scope))
+        return len(await self._lists[0].index.list_ids(scope))
 
     async def rebuild(self, on_progress: Callable[[int], object] | None = None) -> int:
         """Drop every knowledge vector and re-embed every stored chunk (`memchat reindex`)."""
