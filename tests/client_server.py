@@ -13,6 +13,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from app.factory import create_app
 from app.settings import ChatSettings, Settings
@@ -32,6 +35,19 @@ class Server:
     api_key: str
     # A key of the same tenant allowed 2 requests a minute (its third is a 429).
     limited_key: str
+
+    def messages(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's stored turns as the server answers them, without the client."""
+        response = httpx.get(
+            f"{self.url}/v1/sessions/{session_id}/messages",
+            headers={"Authorization": f"Bearer {self.api_key}"},
+        )
+        assert response.status_code == 200, response.text
+        return list(response.json()["messages"])
+
+    def turns(self, session_id: str) -> list[tuple[str, str]]:
+        """The session's stored turns as (role, content)."""
+        return [(m["role"], m["content"]) for m in self.messages(session_id)]
 
 
 async def _keys(url: str) -> tuple[str, str]:

@@ -9,7 +9,6 @@ import datetime as dt
 import threading
 from collections.abc import AsyncIterator, Iterator
 
-import httpx
 import pytest
 
 from memchat import AsyncMemchatClient, MemchatClient, RetryPolicy
@@ -52,16 +51,6 @@ async def async_client(server: Server) -> AsyncIterator[AsyncMemchatClient]:
         yield memchat
 
 
-def raw_messages(server: Server, session_id: str) -> list[dict[str, object]]:
-    """The session's stored turns as the server answers them, without the client."""
-    response = httpx.get(
-        f"{server.url}/v1/sessions/{session_id}/messages",
-        headers={"Authorization": f"Bearer {server.api_key}"},
-    )
-    assert response.status_code == 200, response.text
-    return list(response.json()["messages"])
-
-
 def test_history_and_a_turn_are_stored_and_found(client: MemchatClient, server: Server) -> None:
     session = client.create_session("alice", title="cooking", metadata={"app": "demo"})
     assert (session.user_id, session.title, session.metadata) == (
@@ -80,7 +69,7 @@ def test_history_and_a_turn_are_stored_and_found(client: MemchatClient, server: 
 
     turn = client.send_message(session.id, "Suggest a snack for tonight", max_tokens=32)
     assert turn.reply.content == REPLY
-    stored = raw_messages(server, session.id)
+    stored = server.messages(session.id)
     assert [(m["role"], m["content"], m["external_id"]) for m in stored] == [
         ("user", "I am allergic to peanuts", "m1"),
         ("assistant", "Noted: no peanuts.", "m2"),
@@ -114,7 +103,7 @@ async def test_chinese_turns_through_the_async_client(
         session.id, [HistoryMessage("user", "我姐姐住在成都。", created_at=when)]
     )
     turn = await async_client.send_message(session.id, "周末去哪里玩？")
-    stored = raw_messages(server, session.id)
+    stored = server.messages(session.id)
     assert [(m["role"], m["content"]) for m in stored] == [
         ("user", "我姐姐住在成都。"),
         ("user", "周末去哪里玩？"),
@@ -128,7 +117,7 @@ async def test_chinese_turns_through_the_async_client(
     preview = await async_client.preview_context(session.id, "我姐姐住在哪里？")
     assert preview.messages[-1].content.endswith("我姐姐住在哪里？")
     assert preview.context.recent_message_ids == [m["id"] for m in stored]
-    assert len(raw_messages(server, session.id)) == 3  # a preview stores nothing
+    assert len(server.messages(session.id)) == 3  # a preview stores nothing
     assert await async_client.list_summaries(session.id) == []
     await async_client.delete_session(session.id)
     with pytest.raises(NotFoundError):
@@ -144,7 +133,7 @@ def test_a_streamed_turn_yields_tokens_then_the_stored_turn(
     turn = events[-1]
     assert isinstance(turn, Turn)
     assert "".join(e.text for e in events[:-1] if isinstance(e, Token)) == REPLY
-    assert [m["id"] for m in raw_messages(server, session.id)] == [turn.message.id, turn.reply.id]
+    assert [m["id"] for m in server.messages(session.id)] == [turn.message.id, turn.reply.id]
 
 
 async def test_an_async_streamed_turn_in_chinese(
@@ -155,7 +144,7 @@ async def test_an_async_streamed_turn_in_chinese(
     turn = events[-1]
     assert isinstance(turn, Turn) and turn.message.content == "你好"
     assert "".join(e.text for e in events if isinstance(e, Token)) == REPLY
-    assert [m["id"] for m in raw_messages(server, session.id)] == [turn.message.id, turn.reply.id]
+    assert [m["id"] for m in server.messages(session.id)] == [turn.message.id, turn.reply.id]
 
 
 def test_facts_and_knowledge_are_searched_with_turns(client: MemchatClient) -> None:
@@ -307,7 +296,7 @@ async def test_a_failed_engine_raises_503_and_is_not_retried(
     assert failed.value.retry_after_s == 5
     # Sent once: a second try would have stored the message twice.
     assert len(server.engine.prompts) == num_prompts + 1
-    stored = raw_messages(server, session.id)
+    stored = server.messages(session.id)
     assert [(m["role"], m["content"]) for m in stored] == [("user", "remember the blue door")]
 
 
@@ -329,7 +318,7 @@ async def test_an_engine_failing_mid_stream_raises_503(
     assert failed.value.detail == (
         "the LLM engine failed: lost the model. Your message was stored; retry later."
     )
-    assert [m["role"] for m in raw_messages(server, session.id)] == ["user"]
+    assert [m["role"] for m in server.messages(session.id)] == ["user"]
 
 
 async def test_the_async_client_raises_the_same_typed_errors(

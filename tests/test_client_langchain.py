@@ -9,7 +9,6 @@ import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 pytest.importorskip("langchain_core", reason="NO langchain-core: `make install-dev` installs it")
@@ -43,16 +42,6 @@ def client(server: Server) -> Iterator[MemchatClient]:
 async def async_client(server: Server) -> AsyncIterator[AsyncMemchatClient]:
     async with AsyncMemchatClient(server.url, api_key=server.api_key) as memchat:
         yield memchat
-
-
-def stored(server: Server, session_id: str) -> list[tuple[str, str]]:
-    """The session's turns as the server answers them, without the client."""
-    response = httpx.get(
-        f"{server.url}/v1/sessions/{session_id}/messages",
-        headers={"Authorization": f"Bearer {server.api_key}"},
-    )
-    assert response.status_code == 200, response.text
-    return [(m["role"], m["content"]) for m in response.json()["messages"]]
 
 
 def when(text: str) -> dt.datetime:
@@ -94,7 +83,7 @@ def test_a_chain_keeps_its_conversation_in_a_memchat_session(
     first = chain.invoke({"question": "I am allergic to peanuts. A snack?"}, config=config)
     second = chain.invoke({"question": "And a dessert?"}, config=config)
     assert (first.content, second.content) == ("Try apple slices.", "Sorbet.")
-    assert stored(server, session.id) == [
+    assert server.turns(session.id) == [
         ("user", "I am allergic to peanuts. A snack?"),
         ("assistant", "Try apple slices."),
         ("user", "And a dessert?"),
@@ -127,7 +116,7 @@ async def test_an_async_chain_in_chinese(
     await chain.ainvoke({"question": "我姐姐住在成都。"}, config=config)
     answer = await chain.ainvoke({"question": "我姐姐住在哪里？"}, config=config)
     assert answer.content == "成都。"
-    assert stored(server, session.id) == [
+    assert server.turns(session.id) == [
         ("user", "我姐姐住在成都。"),
         ("assistant", "好的，记住了。"),
         ("user", "我姐姐住在哪里？"),
@@ -145,7 +134,7 @@ def test_messages_with_ids_are_stored_once_and_read_back_with_memchats(
     history.add_messages(sent)
     history.add_messages(sent)  # the same LangChain ids: skipped
     history.add_user_message("no id, stored")
-    assert stored(server, session.id) == [
+    assert server.turns(session.id) == [
         ("user", "hello"),
         ("assistant", "hi, Bob"),
         ("user", "no id, stored"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 
-import httpx
 import pytest
 
 pytest.importorskip(
@@ -41,16 +40,6 @@ def client(server: Server) -> Iterator[MemchatClient]:
 async def async_client(server: Server) -> AsyncIterator[AsyncMemchatClient]:
     async with AsyncMemchatClient(server.url, api_key=server.api_key) as memchat:
         yield memchat
-
-
-def stored(server: Server, session_id: str) -> list[tuple[str, str]]:
-    """The session's turns as the server answers them, without the client."""
-    response = httpx.get(
-        f"{server.url}/v1/sessions/{session_id}/messages",
-        headers={"Authorization": f"Bearer {server.api_key}"},
-    )
-    assert response.status_code == 200, response.text
-    return [(m["role"], m["content"]) for m in response.json()["messages"]]
 
 
 def test_the_retriever_gives_scored_nodes_with_id_and_time(client: MemchatClient) -> None:
@@ -130,7 +119,7 @@ async def test_the_memory_block_stores_what_memory_flushes_and_recalls_it(
         await memory.aput(message)
     messages = await memory.aget()
     # The two older messages went over the short-term budget: they are memchat's now.
-    assert stored(server, session.id) == [(m.role.value, m.content) for m in said[:2]]
+    assert server.turns(session.id) == [(m.role.value, m.content) for m in said[:2]]
     # The block read memchat for the latest messages: the car from another session.
     system = messages[0]
     assert system.role.value == "system"
