@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -12,6 +12,7 @@ import anyio
 import msgspec
 from sqlalchemy import Engine, event, text, update
 from sqlalchemy import create_engine as create_sync_engine
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, CursorResult, Result, make_url
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import (
@@ -127,6 +128,14 @@ async def connect(engine: AsyncEngine) -> AsyncConnection:
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def insert_or_skip(session: AsyncSession, table: Any, keys: Sequence[str]) -> Any:
+    """An INSERT of `table` that skips the rows whose `keys` are taken already (SQLite's
+    and PostgreSQL's ON CONFLICT DO NOTHING): for derived rows another process may have
+    written meanwhile, from the same source."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
 
 def rows_affected(result: Result[Any]) -> int:

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.db import Database
+from storage.db import Database, insert_or_skip
 from storage.models import MessageEmbedding, User
 
 BATCH = 500
@@ -54,10 +53,7 @@ def _insert_missing(session: AsyncSession) -> Any:
     may have stored it between our read and this write (one starting up repairs the
     messages it finds without a vector while another is about to store theirs), and both
     made it from the same text with the same model."""
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(MessageEmbedding).on_conflict_do_nothing(
-        index_elements=["message_id", "model"]
-    )
+    return insert_or_skip(session, MessageEmbedding, ["message_id", "model"])
 
 
 class EmbeddingRepository:

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import bindparam, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.claims import FACT_EXTRACTION, claim_in_transaction, int4_key
-from storage.db import Database, rows_affected
+from storage.db import Database, insert_or_skip, rows_affected
 from storage.errors import NotFoundError
 from storage.models import Fact as FactRow
 from storage.models import FactChange as FactChangeRow
@@ -225,10 +224,7 @@ class FactRepository:
                 if fact_id in present
             ]
             if rows:
-                dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-                insert = dialect.insert(FactEmbeddingRow).on_conflict_do_nothing(
-                    index_elements=["fact_id", "model"]
-                )
+                insert = insert_or_skip(session, FactEmbeddingRow, ["fact_id", "model"])
                 await session.execute(insert, rows)
 
     # Extraction progress -------------------------------------------------------------
