@@ -26,11 +26,9 @@ from pathlib import Path
 
 from _client import add_embedder_option, post, service, use_embedder
 
+from retrieval.text import is_mostly_cjk
+
 DATA = Path(__file__).parent / "labelled" / "facts_knowledge.json"
-
-
-def is_cjk(text: str) -> bool:
-    return any("\u4e00" <= c <= "\u9fff" for c in text)
 
 
 async def store(client, data: dict, user_id: str) -> list[int]:
@@ -74,7 +72,7 @@ async def run(args: argparse.Namespace) -> dict:
         asked = [("fact", "id", fact_ids[i], item) for i, item in enumerate(data["facts"])]
         asked += [("knowledge", "title", item["title"], item) for item in data["documents"]]
         for kind, key, wanted, item in asked:
-            source = "zh" if is_cjk(item["text"]) else "en"
+            source = "zh" if is_mostly_cjk(item["text"]) else "en"
             for way in ("same", "cross"):
                 body = {"user_id": user_id, "query": item[way], "k": 5, "kinds": [kind]}
                 results = (await post(client, "/v1/memory/search", body))["results"]
