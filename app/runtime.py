@@ -111,6 +111,7 @@ def retrieval_config(settings: RetrievalSettings, reads_cjk: bool = False) -> Re
         second_weight_cjk=settings.second_weight_cjk,
         piece_weight=settings.piece_weight,
         time_boost=settings.time_boost,
+        session_weight=settings.session_weight,
         lexical_weight=settings.lexical_weight,
         duplicate_threshold=settings.duplicate_threshold,
         feedback=Feedback(

@@ -243,6 +243,9 @@ class RetrievalSettings(BaseModel):
     # A query naming a time ("last May", "on 13 October 2023", "去年夏天"): the turns said
     # then join the candidates, and this much is added to their fused score (0: off).
     time_boost: float = Field(1.0, ge=0)
+    # Each candidate memory gains this much of the best fused score among the candidates
+    # of its session: the conversation a question is about lifts its other turns (0: off).
+    session_weight: float = Field(0.1, ge=0)
     # Jaccard share of terms above which a hit is a near-duplicate of a better one; >1: off.
     duplicate_threshold: float = Field(0.9, gt=0)
     # Pseudo-relevance feedback of the lexical search (0 documents: off).

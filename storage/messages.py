@@ -200,6 +200,18 @@ class MessageRepository:
             )
             return [int(i) for i in ids.all()]
 
+    async def sessions_of(self, user_pk: int, ids: Collection[int]) -> dict[int, str]:
+        """The session of each of the user's messages among `ids` (others are left out)."""
+        if not ids:
+            return {}
+        async with self._db.transaction() as session:
+            rows = await session.execute(
+                select(Message.id, Message.session_id).where(
+                    Message.user_pk == user_pk, Message.id.in_(list(ids))
+                )
+            )
+            return {int(i): str(s) for i, s in rows.all()}
+
     async def list_user_messages(self, user_pk: int) -> list[Turn]:
         """Every message of a user, each session's in order (to build derived indexes)."""
         async with self._db.transaction() as session:

@@ -22,13 +22,14 @@ from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 
 # Reads: whether an API key exists yet (local mode ends at the first), the session with
-# its user, summary and knowledge flags, the window, the pinned facts, the retrieved
-# turns. Writes: the message with its context note, its vector; the reply, its vector;
-# with each vector the user's change count (other processes catch up by it). After the
-# message's insert, the turns its context shows are read again, held until commit, so
-# that a session deleted meanwhile leaves no stored context quoting it.
-# No row is read twice otherwise (the turn ran 19 statements before it read each row once).
-MAX_STATEMENTS = 12
+# its user, summary and knowledge flags, the window, the pinned facts, the sessions of the
+# search's best candidates (the session prior), the retrieved turns. Writes: the message
+# with its context note, its vector; the reply, its vector; with each vector the user's
+# change count (other processes catch up by it). After the message's insert, the turns
+# its context shows are read again, held until commit, so that a session deleted
+# meanwhile leaves no stored context quoting it. No row is read twice otherwise (the
+# turn ran 19 statements before it read each row once).
+MAX_STATEMENTS = 13
 
 
 @contextmanager

@@ -153,6 +153,7 @@ TURN_SPANS = [
     ("memchat.persist", "memchat.chat_turn", SpanKind.INTERNAL),
     ("memchat.persist", "memchat.chat_turn", SpanKind.INTERNAL),
     ("memchat.search", "memchat.context", SpanKind.INTERNAL),
+    ("memchat.session_prior", "memchat.search", SpanKind.INTERNAL),
     ("retrieval dense", "memchat.search", SpanKind.INTERNAL),
     ("retrieval knowledge", "memchat.search", SpanKind.INTERNAL),
     ("retrieval lexical", "memchat.search", SpanKind.INTERNAL),

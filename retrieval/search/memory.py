@@ -136,6 +136,9 @@ class RetrievalConfig:
     # A query naming a time (retrieval/search/when.py): the turns said then join the
     # candidates and this much is added to their fused score (standardised fusion; 0: off).
     time_boost: float = 1.0
+    # Each candidate gains this much of the best fused score among the candidates of its
+    # session (standardised fusion; 0: off).
+    session_weight: float = 0.1
     duplicate_threshold: float = 0.9
     feedback: Feedback = field(default_factory=Feedback)
     # Terms of neighbouring turns count this much in a turn's lexical document.
@@ -205,6 +208,22 @@ def raised(ranked: Sequence[ScoredId], ids: Collection[int], boost: float) -> li
     """`ranked` with the hits in `ids` raised by `boost`, ordered again (ties in the
     order they had)."""
     moved = [ScoredId(h.id, h.score + boost) if h.id in ids else h for h in ranked]
+    return sorted(moved, key=lambda hit: -hit.score)
+
+
+def with_session_prior(
+    ranked: Sequence[ScoredId], session_of: Mapping[int, str], weight: float
+) -> list[ScoredId]:
+    """`ranked` with each hit raised by `weight` x the best score among the hits of its
+    session, ordered again (ties in the order they had): the conversation a question is
+    about is found by its best turn, and lifts the rest of it. A hit of no known session
+    is its own."""
+    best: dict[str, float] = {}
+    for hit in ranked:
+        best.setdefault(session_of.get(hit.id, f"#{hit.id}"), hit.score)
+    moved = [
+        ScoredId(h.id, h.score + weight * best[session_of.get(h.id, f"#{h.id}")]) for h in ranked
+    ]
     return sorted(moved, key=lambda hit: -hit.score)
 
 
@@ -732,6 +751,11 @@ class TurnMemory:
         ranked = await self._fuse(user_pk, sides, said_then)
         if said_then:
             ranked = raised(ranked, said_then, config.time_boost)
+        if config.session_weight > 0 and config.fusion == "zscore" and len(sides) > 1:
+            with stage("session_prior") as weighing:
+                sessions = await self._messages.sessions_of(user_pk, [h.id for h in ranked])
+                weighing.record(num_sessions=len(set(sessions.values())))
+            ranked = with_session_prior(ranked, sessions, config.session_weight)
         if trace is not None:
             _keep_trace(trace, sides, ranked)
         if config.duplicate_threshold > 1:
