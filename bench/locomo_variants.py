@@ -278,7 +278,10 @@ def _by_session(variant, ranked, turns):
     service's `with_session_prior`)."""
     if "sess" not in variant:
         return ranked
-    sessions = {hit.id: turns[hit.id][1].session_id for hit in ranked}
+    # As the service: the sessions of the best `cand` candidates.
+    sessions = {
+        hit.id: turns[hit.id][1].session_id for hit in ranked[: int(variant.get("cand", 100))]
+    }
     return with_session_prior(ranked, sessions, float(variant["sess"]))
 
 

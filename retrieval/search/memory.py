@@ -217,7 +217,7 @@ def with_session_prior(
     """`ranked` with each hit raised by `weight` x the best score among the hits of its
     session, ordered again (ties in the order they had): the conversation a question is
     about is found by its best turn, and lifts the rest of it. A hit of no known session
-    is its own."""
+    (the service reads those of its best `num_candidates`) is a session of its own."""
     best: dict[str, float] = {}
     for hit in ranked:
         best.setdefault(session_of.get(hit.id, f"#{hit.id}"), hit.score)
@@ -753,7 +753,9 @@ class TurnMemory:
             ranked = raised(ranked, said_then, config.time_boost)
         if config.session_weight > 0 and config.fusion == "zscore" and len(sides) > 1:
             with stage("session_prior") as weighing:
-                sessions = await self._messages.sessions_of(user_pk, [h.id for h in ranked])
+                # The best `fetch` only: a candidate below them keeps its place.
+                best_ids = [h.id for h in ranked[:fetch]]
+                sessions = await self._messages.sessions_of(user_pk, best_ids)
                 weighing.record(num_sessions=len(set(sessions.values())))
             ranked = with_session_prior(ranked, sessions, config.session_weight)
         if trace is not None:
