@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.claims import FACT_EXTRACTION, claim_in_transaction, int4_key
 from storage.db import Database, insert_or_skip, rows_affected
-from storage.errors import NotFoundError
+from storage.errors import ConflictError, NotFoundError
 from storage.models import Fact as FactRow
 from storage.models import FactChange as FactChangeRow
 from storage.models import FactEmbedding as FactEmbeddingRow
@@ -160,6 +160,8 @@ class FactRepository:
         """Change some of text, is_pinned, priority, category (and text's vector, model)."""
         async with self._db.transaction() as session:
             fact, _user = await _fact_and_user(session, fact_id)
+            if fact.status == "deleted":
+                raise ConflictError(f"fact {fact_id} is deleted: it can no longer be changed")
             before = snapshot(fact)
             if "text" in fields and fields["text"] != fact.text:
                 await session.execute(

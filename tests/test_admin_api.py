@@ -139,6 +139,14 @@ async def test_fact_corrections_and_erasure_are_audited(
     assert edited.status_code == 200, edited.text
     assert (edited.json()["text"], edited.json()["pinned"]) == ("Alice is vegan", False)
     assert (await client.delete(f"/admin/v1/facts/{fact_id}", headers=admin)).status_code == 204
+    # A deleted fact stays in history as it was: a correction is refused, and not audited.
+    for change in ({"text": "Alice eats fish"}, {"pinned": True}, {}):
+        refused = await client.patch(f"/admin/v1/facts/{fact_id}", json=change, headers=admin)
+        assert refused.status_code == 409, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["detail"] == (
+            f"conflicts with stored data: fact {fact_id} is deleted: it can no longer be changed"
+        )
     pk = await user_pk_of(client, admin, "acme")
     reindexed = await client.post(f"/admin/v1/users/{pk}/reindex", headers=admin)
     assert reindexed.json() == {"num_turns": 4, "num_chunks": 1}

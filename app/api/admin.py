@@ -231,7 +231,7 @@ class AdminController(Controller):
         hits = await memory_search.search(user, data.query, data.k, None, kinds)
         return schemas.SearchResponse(results=[search_result_body(h) for h in hits])
 
-    @patch("/facts/{fact_id:int}", responses=problems(400, 401, 403, 404, 422, 503))
+    @patch("/facts/{fact_id:int}", responses=problems(400, 401, 403, 404, 409, 422, 503))
     async def update_fact(
         self,
         fact_id: FromPath[int],

@@ -77,7 +77,7 @@ class FactController(Controller):
         )
         return fact_body(fact, user.external_id)
 
-    @patch("/v1/facts/{fact_id:int}", responses=problems(400, 404, 413, 422, 503))
+    @patch("/v1/facts/{fact_id:int}", responses=problems(400, 404, 409, 413, 422, 503))
     async def update_fact(
         self,
         fact_id: FactIdPath,

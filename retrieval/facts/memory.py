@@ -35,6 +35,7 @@ from retrieval.fusion import LanguageWeights, fuse_by_language
 from retrieval.protocols import Embedder, ScoredId
 from retrieval.stages import stage
 from retrieval.text import is_blank, is_mostly_cjk
+from storage.errors import ConflictError
 from storage.facts import FactRepository, NewFact, Resolution
 from storage.messages import MessageRepository
 from storage.records import Fact, FactChange, Turn, User
@@ -237,6 +238,9 @@ class FactMemory:
         if text is not None:
             _check_text(text)
         fact, _user = await self._facts.get_fact(fact_id)
+        if fact.status == "deleted":
+            # Before embedding a new text; the repository checks again as it writes.
+            raise ConflictError(f"fact {fact_id} is deleted: it can no longer be changed")
         fields: dict[str, object] = {}
         if text is not None and text != fact.text:
             fields |= {"text": text, "model": self._model_name}
