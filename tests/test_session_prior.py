@@ -5,18 +5,14 @@ question is about, found by its best turn, lifts its other turns."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 from litestar.testing import AsyncTestClient
 
-from app.factory import create_app
-from app.settings import FactSettings, RetrievalSettings, Settings
+from app.settings import RetrievalSettings, Settings
 from retrieval.protocols import Embedder, ScoredId
 from retrieval.search.memory import with_session_prior
-from tests.clients import local_client
-from tests.fakes import ScriptedEngine
+from tests.test_time_in_query import default_service, import_session
 
 
 def test_a_hit_gains_its_sessions_best_score() -> None:
@@ -41,38 +37,6 @@ def test_a_hit_of_no_known_session_is_its_own_and_ties_keep_their_order() -> Non
     assert [h.id for h in with_session_prior(tied, {}, 0.5)] == [7, 8]
     assert [h.id for h in with_session_prior(tied[::-1], {}, 0.5)] == [8, 7]
     assert with_session_prior(ranked, {8: "a", 9: "a"}, 0.0) == ranked
-
-
-@asynccontextmanager
-async def service(
-    settings: Settings, first: Embedder, second: Embedder, weight: float
-) -> AsyncIterator[AsyncTestClient]:
-    quiet = settings.model_copy(
-        update={
-            "facts": FactSettings(extractor="none"),
-            "retrieval": RetrievalSettings(session_weight=weight),
-        }
-    )
-    app = create_app(quiet, embedder=first, second_embedder=second, engine=ScriptedEngine(["Ok."]))
-    async with local_client(app) as client:
-        yield client
-
-
-async def import_session(client: AsyncTestClient, when: dt.datetime, turns) -> None:
-    session = (await client.post("/v1/sessions", json={"user_id": "traveller"})).json()
-    messages = [
-        {
-            "role": role,
-            "content": text,
-            "external_id": external_id,
-            "created_at": (when + dt.timedelta(minutes=position)).isoformat(),
-        }
-        for position, (external_id, role, text) in enumerate(turns)
-    ]
-    response = await client.post(
-        f"/v1/sessions/{session['id']}/history", json={"messages": messages}
-    )
-    assert response.status_code == 201, response.text
 
 
 STORES = {
@@ -119,10 +83,13 @@ async def test_each_memory_gains_its_sessions_best_score(
     day = dt.datetime(2025, 3, 3, 10, 0, tzinfo=dt.UTC)
     found = {}
     for weight in (0.1, 0.0):
-        async with service(settings, real_embedder, real_second_embedder, weight) as client:
+        retrieval = RetrievalSettings(session_weight=weight)
+        async with default_service(
+            settings, real_embedder, real_second_embedder, retrieval
+        ) as client:
             if weight:
-                await import_session(client, day, trip)
-                await import_session(client, day + dt.timedelta(days=30), home)
+                await import_session(client, "traveller", day, trip)
+                await import_session(client, "traveller", day + dt.timedelta(days=30), home)
             found[weight] = await search(client, question)
     ranks = ["trip-city", "trip-food", "trip-reply", "home-food", "home-reply"]
     assert list(found[0.1]) == list(found[0.0]) == ranks

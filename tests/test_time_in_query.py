@@ -131,13 +131,12 @@ def wednesday_before(now: dt.datetime, weeks: int) -> dt.datetime:
 
 @asynccontextmanager
 async def default_service(
-    settings: Settings, first: Embedder, second: Embedder, time_boost: float
+    settings: Settings, first: Embedder, second: Embedder, retrieval: RetrievalSettings
 ) -> AsyncIterator[AsyncTestClient]:
+    """The service on both default embedders, with these retrieval settings and no fact
+    extraction."""
     quiet = settings.model_copy(
-        update={
-            "facts": FactSettings(extractor="none"),
-            "retrieval": RetrievalSettings(time_boost=time_boost),
-        }
+        update={"facts": FactSettings(extractor="none"), "retrieval": retrieval}
     )
     app = create_app(quiet, embedder=first, second_embedder=second, engine=ScriptedEngine(["Ok."]))
     async with local_client(app) as client:
@@ -216,7 +215,10 @@ async def test_the_turns_said_when_the_query_says_are_raised(
     now = dt.datetime.now(dt.UTC)
     found = {}
     for boost in (1.0, 0.0):
-        async with default_service(settings, real_embedder, real_second_embedder, boost) as client:
+        retrieval = RetrievalSettings(time_boost=boost)
+        async with default_service(
+            settings, real_embedder, real_second_embedder, retrieval
+        ) as client:
             if boost:
                 await import_session(client, "hiker", wednesday_before(now, 12), old)
                 await import_session(client, "hiker", wednesday_before(now, 1), new)
@@ -237,7 +239,8 @@ async def test_the_prompt_of_a_message_asking_about_last_week(
     old, new, question = STORES[language]
     now = dt.datetime.now(dt.UTC)
     old_day, new_day = wednesday_before(now, 12), wednesday_before(now, 1)
-    async with default_service(settings, real_embedder, real_second_embedder, 1.0) as client:
+    retrieval = RetrievalSettings(time_boost=1.0)
+    async with default_service(settings, real_embedder, real_second_embedder, retrieval) as client:
         await import_session(client, "hiker", old_day, old)
         await import_session(client, "hiker", new_day, new)
         session = (await client.post("/v1/sessions", json={"user_id": "hiker"})).json()
