@@ -218,11 +218,13 @@ def with_session_prior(
     session, ordered again (ties in the order they had): the conversation a question is
     about is found by its best turn, and lifts the rest of it. A hit of no known session
     (the service reads those of its best `num_candidates`) is a session of its own."""
+    sessions = [session_of.get(hit.id, f"#{hit.id}") for hit in ranked]
     best: dict[str, float] = {}
-    for hit in ranked:
-        best.setdefault(session_of.get(hit.id, f"#{hit.id}"), hit.score)
+    for hit, session in zip(ranked, sessions, strict=True):
+        best.setdefault(session, hit.score)
     moved = [
-        ScoredId(h.id, h.score + weight * best[session_of.get(h.id, f"#{h.id}")]) for h in ranked
+        ScoredId(h.id, h.score + weight * best[session])
+        for h, session in zip(ranked, sessions, strict=True)
     ]
     return sorted(moved, key=lambda hit: -hit.score)
 
