@@ -329,7 +329,7 @@ def line(results: dict[str, list]) -> str:
     cells.append(
         "R@10 "
         + " ".join(
-            f"{label} {np.mean([r[1] for r in every if r[-1] == category]):.3f}"
+            f"{label} {np.mean([r[KS.index(10)] for r in every if r[-1] == category]):.3f}"
             for category, label in CATEGORIES.items()
         )
     )
