@@ -158,6 +158,7 @@ def chat_config(settings: Settings) -> ChatConfig:
         memory_share=settings.chat.memory_share,
         memory_max_tokens=settings.chat.memory_max_tokens,
         memory_min_tokens=settings.chat.memory_min_tokens,
+        excerpt_min_sentences=settings.chat.excerpt_min_sentences,
         facts_share=settings.chat.facts_share,
         max_content_chars=settings.chat.max_content_chars,
         max_import_messages=settings.chat.max_import_messages,

@@ -132,6 +132,11 @@ class ChatSettings(BaseModel):
     memory_share: float = Field(0.25, ge=0, le=1)
     memory_max_tokens: int = Field(1_536, ge=0)
     memory_min_tokens: int = Field(384, ge=0)
+    # A memory of this many sentences or more is shown by its sentences that share the
+    # message's terms, the cuts marked with `…` inside its quotes; 0 (the default): every
+    # memory whole. Off by default: on LoCoMo a cut by terms drops the answer too often
+    # (bench/RESULTS.md, "Excerpts of long memories").
+    excerpt_min_sentences: int = Field(0, ge=0)
     # Share of the prompt budget that pinned facts may take; the rest are reported omitted.
     facts_share: float = Field(0.15, ge=0, le=1)
     max_content_chars: int = Field(32_000, ge=1)

@@ -11,7 +11,9 @@ settings (from `MEMCHAT_*` variables, or the server's) are what is measured.
 With `--context`, each question is also sent to `POST /v1/sessions/{id}/context` in a
 fresh session of its user (no recent window: the prompt's memory is all retrieval, facts
 and summary), with the embedded llama.cpp engine counting tokens: evidence-in-context is
-the share of a question's evidence turns whose text is in the assembled prompt, printed
+the share of a question's evidence turns whose text is in the assembled prompt (a turn
+shown by an excerpt counts when the excerpt holds each of its sentences that share a
+term with the gold answer: `evidence_shown`), printed
 beside the prompt's tokens (p50 / p95) and the memories it holds.
 
     .venv/bin/python bench/locomo.py [--url http://127.0.0.1:8000] [--data FILE] [--context]
@@ -32,7 +34,9 @@ from pathlib import Path
 
 from _client import latency_line, percentile, post, service
 
+from retrieval.prompt.excerpt import sentences
 from retrieval.prompt.render import quote
+from retrieval.search.lexical import tokenize
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10_dev.json"
 KS = (5, 10, 20)
@@ -90,6 +94,22 @@ def history_messages(
     return messages
 
 
+def evidence_shown(text: str, answer: str, prompt: str, excerpts: dict[str, str | None]) -> bool:
+    """An evidence turn is in the prompt when its text is, whole (the prompt quotes a
+    memory as a JSON string, `quote`: a turn with a double quote or a line break is there
+    in its escaped form), or when it is a memory shown by an excerpt that holds each of
+    its sentences sharing a term with the question's gold answer. A turn with no such
+    sentence (the answer is a paraphrase, or an inference) counts only whole."""
+    if quote(text)[1:-1] in prompt:
+        return True
+    excerpt = excerpts.get(text)
+    if excerpt is None:
+        return False
+    terms = set(tokenize(answer))
+    carrying = [s for s in sentences(text) if terms.intersection(tokenize(s))]
+    return bool(carrying) and all(s in excerpt for s in carrying)
+
+
 @dataclass
 class InContext:
     """Evidence-in-context: per question, the share of its evidence turns whose text is
@@ -99,11 +119,10 @@ class InContext:
     tokens: list[int] = field(default_factory=list)
     memories: list[int] = field(default_factory=list)
 
-    def add(self, gold: set[str], texts: dict[str, str], preview: dict) -> None:
+    def add(self, gold: set[str], texts: dict[str, str], preview: dict, answer: str) -> None:
         prompt = "\n".join(m["content"] for m in preview["messages"])
-        # The prompt quotes a memory as a JSON string (`quote`): a turn with a double
-        # quote or a line break is there in its escaped form.
-        found = sum(quote(texts[g])[1:-1] in prompt for g in gold if g in texts)
+        excerpts = {m["text"]: m["excerpt"] for m in preview["context"]["memories"]}
+        found = sum(evidence_shown(texts[g], answer, prompt, excerpts) for g in gold if g in texts)
         self.shares.append(found / len(gold))
         self.tokens.append(preview["context"]["prompt_tokens"])
         self.memories.append(len(preview["context"]["memories"]))
@@ -254,7 +273,7 @@ async def ask_all(client, item: dict, user_id: str, figures: Figures, context: b
             if item["sample_id"] in SPLITS:
                 seen_in.append(figures.in_context_by_split[SPLITS[item["sample_id"]]])
             for seen in seen_in:
-                seen.add(gold, texts, shown)
+                seen.add(gold, texts, shown, str(qa["answer"]))
 
 
 async def run(args: argparse.Namespace) -> dict:

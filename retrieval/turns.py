@@ -14,3 +14,6 @@ __all__ = ["NewTurn", "SearchHit", "Turn"]
 class SearchHit:
     turn: Turn
     score: float
+    # What a prompt shows of a long turn, cut to the part that answers its message
+    # (`retrieval.prompt.excerpt`); None: the whole turn.
+    excerpt: str | None = None

@@ -12,12 +12,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
 from app.factory import create_app
 from app.settings import ChatSettings, FactSettings, KnowledgeSettings, Settings
 from retrieval.facts.model import is_instruction
+from retrieval.prompt.excerpt import CUT, excerpt, sentences
 from retrieval.prompt.render import (
     CONTEXT_CLOSE,
     CONTEXT_OPEN,
@@ -33,6 +35,7 @@ from retrieval.prompt.render import (
     summary_text,
 )
 from retrieval.protocols import ChatMessage, Engine
+from retrieval.search.lexical import tokenize
 from retrieval.text import normalise
 from tests.clients import local_client
 from tests.fakes import HashEmbedder
@@ -107,6 +110,36 @@ def test_a_memory_line_quotes_its_text_whole(text: str) -> None:
         assert line.startswith(f"- {label}")
         if name:
             assert "\n" not in json.loads(match["name"])
+
+
+def corpus_excerpts() -> list[tuple[str, str]]:
+    """(text, excerpt) of each corpus text of two sentences or more that a message made of
+    its last sentence cuts."""
+    cut = []
+    for text in CORPUS:
+        parts = sentences(text)
+        shown = excerpt(text, frozenset(tokenize(parts[-1])), 2) if len(parts) > 1 else None
+        if shown is not None:
+            cut.append((text, shown))
+    return cut
+
+
+def test_the_corpus_has_cut_items_in_both_languages() -> None:
+    cut = corpus_excerpts()
+    assert len(cut) >= 10
+    assert sum(bool(re.search("[\u4e00-\u9fff]", text)) for text, _ in cut) >= 2
+
+
+@pytest.mark.parametrize(("text", "shown"), corpus_excerpts())
+def test_a_cut_memory_line_quotes_its_excerpt_whole(text: str, shown: str) -> None:
+    for name, role in [(n, r) for n in NAMES for r in ("user", "assistant", "system")]:
+        line = format_memory(replace(hit(1, text, 0.5, role=role, name=name), excerpt=shown))
+        assert not UNSAFE.search(line), line
+        match = MEMORY_LINE.match(line)
+        assert match, line
+        assert json.loads(match["text"]) == shown
+    # What is shown between the cut marks is the stored text's own, nothing added.
+    assert all(part.strip() in text for part in shown.split(CUT))
 
 
 def test_exact_renderings() -> None:

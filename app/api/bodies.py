@@ -69,7 +69,12 @@ def report_body(report: ContextReport) -> schemas.ContextReport:
 
 def _memory(hit: SearchHit) -> schemas.MemoryUsed:
     return _from(
-        hit.turn, schemas.MemoryUsed, kind="turn", text=hit.turn.content, score=round(hit.score, 6)
+        hit.turn,
+        schemas.MemoryUsed,
+        kind="turn",
+        text=hit.turn.content,
+        score=round(hit.score, 6),
+        excerpt=hit.excerpt,
     )
 
 

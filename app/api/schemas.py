@@ -81,6 +81,9 @@ class MemoryUsed(Struct):
     text: str
     score: float
     created_at: dt.datetime
+    # What the prompt quoted of a long turn: its sentences that match the message, cuts
+    # marked with `…`; null when the whole text was shown.
+    excerpt: str | None = None
 
 
 class KnowledgeResult(Struct, tag_field="kind", tag="knowledge"):

@@ -18,6 +18,9 @@ class ChatConfig:
     memory_share: float = 0.25
     memory_max_tokens: int = 1_536
     memory_min_tokens: int = 384
+    # A memory of this many sentences or more is shown by those that match the message
+    # (`retrieval.prompt.excerpt`); 0: every memory whole.
+    excerpt_min_sentences: int = 0
     facts_share: float = 0.15
     summary_share: float = 0.10
     max_content_chars: int = 32_000

@@ -23,6 +23,7 @@ from retrieval.errors import InvalidInputError
 from retrieval.facts.memory import FactMemory, fact_order
 from retrieval.knowledge.base import KnowledgeBase, KnowledgeHit
 from retrieval.prompt.budget import ContextBudget, max_reply_tokens
+from retrieval.prompt.excerpt import with_excerpts
 from retrieval.prompt.layout import ContextAssembler, Sections
 from retrieval.prompt.pinned import PinnedPlaces, place_pinned
 from retrieval.prompt.report import AssembledContext
@@ -238,7 +239,11 @@ class ContextBuilder:
                 ),
                 self._knowledge_for(state, vector, content),
             )
-            memories = await turn_hits(self._messages, user.id, scored, content)
+            memories = with_excerpts(
+                await turn_hits(self._messages, user.id, scored, content),
+                content,
+                self._config.excerpt_min_sentences,
+            )
             searching.record(num_memories=len(memories), num_knowledge=len(found))
         return _Found(
             tuple(memories), tuple(found), _places(state, view, pinned), trace, tuple(scored)

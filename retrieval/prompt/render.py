@@ -95,9 +95,15 @@ def speaker_label(role: str, name: str | None) -> str:
 
 
 def format_memory(hit: SearchHit) -> str:
-    """A memory's line under its day (`memory_day`): who said it and what, quoted."""
+    """A memory's line under its day (`memory_day`): who said it and what (the turn, or
+    the excerpt a long one is shown by), quoted."""
     turn = hit.turn
-    return _memory_line(turn.role, turn.name, turn.content)
+    return _memory_line(turn.role, turn.name, shown_text(hit))
+
+
+def shown_text(hit: SearchHit) -> str:
+    """What the prompt quotes of a memory: its excerpt, or the whole turn."""
+    return hit.turn.content if hit.excerpt is None else hit.excerpt
 
 
 def memory_day(hit: SearchHit) -> str:
