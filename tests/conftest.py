@@ -4,6 +4,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from litestar.testing import AsyncTestClient
@@ -18,6 +19,9 @@ from storage.db import create_engine
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import MODELS_DIR
+
+if TYPE_CHECKING:
+    from tests.vllm_servers import ServerPool
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "MEMCHAT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -131,3 +135,13 @@ def chroma_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
     with chroma_server(tmp_path_factory.mktemp("chroma") / "server") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+    """The run's real vLLM servers on the CPU, started when a test first asks for them
+    and shared by every module that does (tests/vllm_servers.py)."""
+    from tests.vllm_servers import server_pool
+
+    with server_pool(tmp_path_factory.mktemp("vllm")) as pool:
+        yield pool

@@ -1,10 +1,12 @@
-"""The vLLM adapter against two real vLLM servers on the CPU, started by these tests.
+"""The vLLM adapter against two real vLLM servers on the CPU (the run's, which these
+tests start unless another module has).
 
 A chat turn's trace context reaches server A as it arrives there: through a recording
 pass-through in front of it (tests.vllm_servers.RecordingProxy).
 
 Server A and server B serve the same SmolLM2 checkpoint. The last test kills A mid-reply,
-so the order of the tests in this module matters.
+so the order of the tests in this module matters (a later module that needs two servers
+gets A replaced).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -34,7 +36,7 @@ from tests.fakes import HashEmbedder
 from tests.live import live_server
 from tests.test_api_sessions import create_session, parse_sse
 from tests.test_tracing import one, request_trace
-from tests.vllm_servers import BLOCK_SIZE, LocalServer, recording_proxy, running_servers
+from tests.vllm_servers import BLOCK_SIZE, LocalServer, ServerPool, recording_proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -42,9 +44,9 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalServer]]:
-    with running_servers(2, tmp_path_factory.mktemp("vllm")) as started:
-        yield started
+def servers(vllm_pool: ServerPool) -> list[LocalServer]:
+    """Two of the run's servers (tests.vllm_servers.ServerPool): A and B."""
+    return vllm_pool.running(2)
 
 
 @pytest.fixture

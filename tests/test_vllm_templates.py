@@ -4,6 +4,10 @@ alternating roles, else it raises), Gemma (no system role at all, raises on one)
 Llama 3 and Qwen2.5 (a default system message when none opens the chat). Every turn
 must be taken, stay prefix-stable, and keep stored text from opening a role.
 
+One of the run's servers serves every template: a pass-through in front of it sends the
+test's template with each chat request, which vLLM then applies as it would one given
+with `--chat-template`.
+
 The prefix reuse of each template over 20 turns is written to
 artifacts/vllm_template_reuse.json and printed.
 """
@@ -27,7 +31,7 @@ from retrieval.protocols import ChatMessage
 from tests.clients import local_client
 from tests.fakes import HashEmbedder
 from tests.test_api_sessions import create_session
-from tests.vllm_servers import LocalServer, running_servers
+from tests.vllm_servers import LocalServer, ServerPool, recording_proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -47,10 +51,19 @@ CONTENTS = [
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LocalServer]]:
-    templates = [TEMPLATE_DIR / f"{name}.jinja" for name in TEMPLATES]
-    with running_servers(len(TEMPLATES), tmp_path_factory.mktemp("vllm"), templates) as started:
-        yield dict(zip(TEMPLATES, started, strict=True))
+def server(vllm_pool: ServerPool) -> LocalServer:
+    """One of the run's servers: each test puts its template in front of it."""
+    (started,) = vllm_pool.running(1)
+    return started
+
+
+@pytest.fixture
+def templated(server: LocalServer, template: str) -> Iterator[str]:
+    """The server as one started with `--chat-template` of this template would serve:
+    a pass-through sends the template with every chat request (tests.vllm_servers)."""
+    text = (TEMPLATE_DIR / f"{template}.jinja").read_text(encoding="utf-8")
+    with recording_proxy(server.url, chat_template=text) as proxy:
+        yield proxy.url
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +88,20 @@ def raw_role_markers(url: str, messages: list[ChatMessage]) -> list[int]:
 @pytest.mark.parametrize("template", TEMPLATES)
 async def test_turns_on_a_strict_template(
     template: str,
-    servers: dict[str, LocalServer],
+    templated: str,
     reuse_report: dict[str, dict[str, float]],
     tmp_path: Path,
     sqlite_url: str,
 ) -> None:
-    url = servers[template].url
+    url = templated
+    # Timeouts for a loaded test machine: a request `_call` sends is not retried, so one
+    # connection slower than the default 3 s would end the turn with 503 "no vLLM
+    # replica reachable".
+    vllm = VllmSettings(urls=[url], connect_timeout_s=30, tokenize_timeout_s=60)
     settings = Settings(
         data_dir=tmp_path / "data",
         database_url=sqlite_url,
-        engine=EngineSettings(kind="vllm", vllm=VllmSettings(urls=[url])),
+        engine=EngineSettings(kind="vllm", vllm=vllm),
         chat=ChatSettings(retrieval_k=3),
     )
     app = create_app(settings, embedder=HashEmbedder())

@@ -1,5 +1,6 @@
-"""Real vLLM servers on the CPU for the tests: prepared once, started per test module;
-and a pass-through to put in front of one, to see the requests that reach it.
+"""Real vLLM servers on the CPU for the tests: prepared once, started once per run and
+shared by the modules that need them; and a pass-through to put in front of one, to see
+the requests that reach it, or to give its chat requests a template of their own.
 
 If vLLM cannot be installed or started, the tests fail and say why. With
 MEMCHAT_TEST_VLLM=skip they are skipped instead, loudly: the vLLM adapter, replica
@@ -8,11 +9,12 @@ failover and the vLLM REST path are then untested (see README).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,34 +61,60 @@ def prepare() -> tuple[Path, Path]:
         raise  # pragma: no cover - _unavailable always raises
 
 
-@contextmanager
-def running_servers(
-    count: int, log_dir: Path, chat_templates: Sequence[Path | None] = ()
-) -> Iterator[list[LocalServer]]:
-    """`count` servers started together (they load in parallel), stopped at the end;
-    server i uses `chat_templates[i]` where given."""
-    python, model_dir = prepare()
-    servers: list[LocalServer] = []
-    templates = [*chat_templates, *([None] * count)][:count]
-    try:
-        for number, template in enumerate(templates):
+class ServerPool:
+    """The run's local vLLM servers, shared by every module that needs some (starting
+    them is most of the time these tests take): started on first demand, a killed one
+    replaced on the next, all stopped at the end of the run.
+
+    Each takes a chat template with a request (`--trust-request-chat-template`), so one
+    server serves every template a test puts in front of it (`recording_proxy`)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self._servers: list[LocalServer] = []
+
+    def running(self, count: int) -> list[LocalServer]:
+        """`count` running servers, those already running first; the others are started
+        together (they load in parallel)."""
+        alive = [server for server in self._servers if server.process.poll() is None]
+        if len(alive) < count:
+            alive += self._start(count - len(alive))
+        return alive[:count]
+
+    def _start(self, count: int) -> list[LocalServer]:
+        python, model_dir = prepare()
+        started: list[LocalServer] = []
+        for _ in range(count):
             # Small and quick: no graph capture, 1 GiB of KV cache (~40,000 SmolLM2 tokens).
             options = vllm_local.ServerOptions(
-                port=free_port(), kv_cache_gib=1, enforce_eager=True, chat_template=template
-            )
-            log = log_dir / f"vllm-{number}.log"
+                port=free_port(), kv_cache_gib=1, enforce_eager=True,
+                trust_request_chat_template=True,
+            )  # fmt: skip
+            log = self._log_dir / f"vllm-{len(self._servers)}.log"
             process = vllm_local.start_server(python, model_dir, options, log)
-            servers.append(LocalServer(f"http://127.0.0.1:{options.port}", process, log))
-        for server in servers:
+            server = LocalServer(f"http://127.0.0.1:{options.port}", process, log)
+            self._servers.append(server)
+            started.append(server)
+        for server in started:
             try:
                 vllm_local.wait_ready(server.url, server.process, timeout_s=600)
             except vllm_local.LocalEngineError as exc:
                 tail = server.log.read_text(errors="replace")[-3000:]
                 _unavailable(f"{exc}\n{tail}")
-        yield servers
-    finally:
-        for server in servers:
+        return started
+
+    def close(self) -> None:
+        for server in self._servers:
             vllm_local.stop_server(server.process)
+
+
+@contextmanager
+def server_pool(log_dir: Path) -> Iterator[ServerPool]:
+    pool = ServerPool(log_dir)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 # Headers of one connection, not of the message: the pass-through sets its own.
@@ -101,14 +129,31 @@ class RecordingProxy(ThreadingHTTPServer):
     and body, each answer comes back as the upstream sends it, chunk by chunk (a stream
     stays a stream); the headers that arrived with each request are kept (`requests`).
     `transport`, where given, is how the upstream is reached (an `httpx.MockTransport`
-    for scripted replicas)."""
+    for scripted replicas). `chat_template`, where given, goes with every chat request
+    (a JSON body with `messages`: chat completions and `/tokenize`) as vLLM's
+    request-level template: to the app, the upstream then serves with that template."""
 
     daemon_threads = True
 
-    def __init__(self, upstream: str, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        transport: httpx.BaseTransport | None = None,
+        chat_template: str | None = None,
+    ) -> None:
         super().__init__(("127.0.0.1", 0), _Forwarding)
         self.upstream = httpx.Client(base_url=upstream, timeout=120, transport=transport)
+        self.chat_template = chat_template
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+
+    def rewrite(self, body: bytes) -> bytes:
+        """The body as sent upstream: with the chat template where one is set."""
+        if self.chat_template is None or not body:
+            return body
+        payload = json.loads(body)
+        if not isinstance(payload, dict) or "messages" not in payload:
+            return body
+        return json.dumps(payload | {"chat_template": self.chat_template}).encode()
 
     @property
     def url(self) -> str:
@@ -132,11 +177,14 @@ class _Forwarding(BaseHTTPRequestHandler):
         headers = {name.lower(): value for name, value in self.headers.items()}
         self.server.requests.append((self.command, self.path, headers))
         upstream = self.server.upstream
+        sent = self.server.rewrite(body)
         request = upstream.build_request(
             self.command,
             self.path,
-            headers={k: v for k, v in headers.items() if k not in HOP_BY_HOP},
-            content=body,
+            headers={
+                k: v for k, v in headers.items() if k not in HOP_BY_HOP and k != "content-length"
+            },
+            content=sent,
         )
         answer = upstream.send(request, stream=True)
         try:
@@ -158,9 +206,9 @@ class _Forwarding(BaseHTTPRequestHandler):
 
 @contextmanager
 def recording_proxy(
-    upstream: str, transport: httpx.BaseTransport | None = None
+    upstream: str, transport: httpx.BaseTransport | None = None, chat_template: str | None = None
 ) -> Iterator[RecordingProxy]:
-    proxy = RecordingProxy(upstream, transport)
+    proxy = RecordingProxy(upstream, transport, chat_template)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     try:

@@ -92,6 +92,9 @@ class ServerOptions:
     block_size: int = 32
     # A Jinja chat template file instead of the one the checkpoint carries.
     chat_template: Path | None = None
+    # Lets a request carry a chat template of its own (vLLM's `chat_template` field),
+    # which is then used instead: for tests only, a template is code the server runs.
+    trust_request_chat_template: bool = False
 
 
 def server_command(python: Path, model_dir: Path, options: ServerOptions) -> list[str]:
@@ -108,6 +111,8 @@ def server_command(python: Path, model_dir: Path, options: ServerOptions) -> lis
         command.append("--enforce-eager")
     if options.chat_template is not None:
         command += ["--chat-template", str(options.chat_template)]
+    if options.trust_request_chat_template:
+        command.append("--trust-request-chat-template")
     return command
 
 
