@@ -158,7 +158,8 @@ class MessageList(Struct, frozen=True):
 
 
 class MemoryUsed(Struct, frozen=True):
-    """A past turn a chat turn's prompt showed, with its score."""
+    """A past turn a chat turn's prompt showed, with its score; `excerpt` is what the
+    prompt quoted of a long turn cut to its matching sentences (None: shown whole)."""
 
     kind: str
     id: int
@@ -168,6 +169,7 @@ class MemoryUsed(Struct, frozen=True):
     text: str
     score: float
     created_at: dt.datetime
+    excerpt: str | None = None
 
 
 class KnowledgeResult(Struct, frozen=True, tag_field="kind", tag="knowledge"):
