@@ -25,7 +25,10 @@ QUESTION = "Where does my sister live?"
 VERBS = ["painted", "fixed", "cleaned", "moved", "sold", "bought", "found", "lost", "carried"]
 THINGS = ["chair", "bicycle", "lamp", "table", "kettle", "guitar", "window", "bookshelf"]
 PLACES = ["garage", "kitchen", "garden", "office", "station", "library", "harbour"]
-NUM_FILLER = 3000
+# Four batches of the backfill (retrieval.search.memory.REPAIR_BATCH_SIZE, 256): the
+# process is killed after the first (the background work seen under way), well before
+# the last.
+NUM_FILLER = 1000
 
 
 def filler() -> list[str]:
