@@ -9,8 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -77,33 +77,62 @@ def serving(
     """`memchat serve` as a process; the client's `process` attribute is the server.
 
     `extra_env` is added to (and overrides) `cli_env`, e.g. a `MEMCHAT_DATABASE_URL`."""
-    port = free_port()
-    process = subprocess.Popen(
-        [*MEMCHAT, "serve"],
-        env=cli_env(data_dir, port) | dict(extra_env or {}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    with serving_together([data_dir], extra_env=extra_env, ready_timeout_s=ready_timeout_s) as (
+        client,
+    ):
+        yield client
+
+
+@contextmanager
+def serving_together(
+    data_dirs: Sequence[Path],
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = 120,
+) -> Iterator[list[httpx.Client]]:
+    """`memchat serve` on each data directory, as `serving`: every process started
+    before any is waited for (they load their models in parallel), stopped together."""
+    started: list[tuple[subprocess.Popen[str], str]] = []
     try:
+        for data_dir in data_dirs:
+            port = free_port()
+            process = subprocess.Popen(
+                [*MEMCHAT, "serve"],
+                env=cli_env(data_dir, port) | dict(extra_env or {}),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            started.append((process, f"http://127.0.0.1:{port}"))
         deadline = time.monotonic() + ready_timeout_s
-        while time.monotonic() < deadline:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            pytest.fail(f"memchat serve did not become ready in {ready_timeout_s} s")
-        with httpx.Client(base_url=base, timeout=120) as client:
-            client.process = process  # type: ignore[attr-defined]
-            yield client
+        for process, base in started:
+            _wait_ready(process, base, deadline, ready_timeout_s)
+        with ExitStack() as stack:
+            clients = []
+            for process, base in started:
+                client = stack.enter_context(httpx.Client(base_url=base, timeout=120))
+                client.process = process  # type: ignore[attr-defined]
+                clients.append(client)
+            yield clients
     finally:
-        process.send_signal(signal.SIGTERM)
+        for process, _ in started:
+            process.send_signal(signal.SIGTERM)
+        for process, _ in started:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_ready(
+    process: subprocess.Popen[str], base: str, deadline: float, timeout_s: float
+) -> None:
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read() if process.stdout else ""
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    pytest.fail(f"memchat serve did not become ready in {timeout_s} s")

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.live import serving
+from tests.live import serving_together
 
 pytestmark = [pytest.mark.postgres, pytest.mark.model]
 
@@ -33,12 +33,13 @@ FILLER = [
 ]
 
 
-def api_process(
-    data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None
-) -> AbstractContextManager[httpx.Client]:
-    """`memchat serve` on the shared database (two cold starts on 2 cores: 180 s)."""
+def api_processes(
+    data_dirs: list[Path], database_url: str, extra_env: dict[str, str] | None = None
+) -> AbstractContextManager[list[httpx.Client]]:
+    """`memchat serve` on the shared database, started together (two cold starts on 2
+    cores: 180 s)."""
     env = {"MEMCHAT_DATABASE_URL": database_url} | (extra_env or {})
-    return serving(data_dir, extra_env=env, ready_timeout_s=180)
+    return serving_together(data_dirs, extra_env=env, ready_timeout_s=180)
 
 
 @pytest.fixture(params=["faiss", "chroma-server"])
@@ -54,9 +55,7 @@ def processes(
             "MEMCHAT_CHROMA_URL": request.getfixturevalue("chroma_server_url"),
             "MEMCHAT_CHROMA_PREFIX": f"processes{uuid.uuid4().hex[:8]}",
         }
-    with ExitStack() as stack:
-        first = stack.enter_context(api_process(tmp_path / "a", postgres_url, env))
-        second = stack.enter_context(api_process(tmp_path / "b", postgres_url, env))
+    with api_processes([tmp_path / "a", tmp_path / "b"], postgres_url, env) as (first, second):
         yield first, second
 
 

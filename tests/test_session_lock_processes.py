@@ -12,7 +12,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import ExitStack
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from storage.errors import LockTimeoutError
 from storage.locks import SessionLockRepository
 from tests.clients import local_client
 from tests.fakes import HashEmbedder, ScriptedEngine
-from tests.live import serving
+from tests.live import serving_together
 
 pytestmark = pytest.mark.postgres
 
@@ -274,9 +273,7 @@ def test_two_processes_serialise_the_turns_of_one_session(
     tmp_path: Path, postgres_url: str
 ) -> None:
     env = {"MEMCHAT_DATABASE_URL": postgres_url}
-    with ExitStack() as stack:
-        first = stack.enter_context(serving(tmp_path / "a", extra_env=env))
-        second = stack.enter_context(serving(tmp_path / "b", extra_env=env))
+    with serving_together([tmp_path / "a", tmp_path / "b"], extra_env=env) as (first, second):
         created = first.post("/v1/sessions", json={"user_id": "kim"})
         assert created.status_code == 201
         session_id = created.json()["id"]
