@@ -70,8 +70,8 @@ def excerpt(content: str, terms: frozenset[str], min_sentences: int) -> str | No
     if sum(len(parts[i]) for i in kept) > MAX_KEPT_SHARE * len(content):
         return None
     shown: list[str] = [] if kept[0] == 0 else [CUT]
-    for previous, index in zip([None, *kept], kept, strict=False):
-        if previous is not None and index > previous + 1:
+    for position, index in enumerate(kept):
+        if position and index > kept[position - 1] + 1:
             shown.append(CUT)
         shown.append(parts[index])
     if kept[-1] < len(parts) - 1:
