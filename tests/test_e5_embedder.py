@@ -347,3 +347,27 @@ async def test_the_second_list_quantises_its_query_graph_once(
     np.testing.assert_array_equal(
         first.embed_queries_now(question), second.embed_queries_now(question)
     )
+
+
+def mapped_kib(path_end: str) -> int:
+    """Resident KiB of this process's mappings of a file (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":
+            inside = line.rstrip().endswith(path_end)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.model
+def test_a_large_call_lets_go_of_the_word_tables_pages(e5: E5Embedder) -> None:
+    """The rows a large call read are dropped from the mapping after it (they stay in the
+    page cache), so an import does not leave the table's pages resident; a query maps
+    back the few it reads (each fault maps its neighbours too: the kernel's fault-around,
+    64 KiB): megabytes, where an import of 10,000 turns left about 200 MiB."""
+    english, chinese = read_corpus()
+    e5.embed_now(english[:150] + chinese[:150])
+    assert mapped_kib(".words.npy") == 0
+    e5.embed_queries_now(["我对什么过敏？"])
+    assert 0 < mapped_kib(".words.npy") < 16 * 1024
