@@ -32,6 +32,9 @@ VISIBLE_PATTERN = f"[^{WHITESPACE}{INVISIBLE}]"
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 # Matches at a character of those scripts.
 CJK_CHAR = re.compile(f"[{CJK}]")
+# Within a line, a sentence ends at CJK end punctuation, at . ! ? ; followed by a space
+# (not "3.5" or "e.g.x") or at an ellipsis: a line's sentences are `SENTENCE_END.split`.
+SENTENCE_END = re.compile(r"(?<=[。！？；…])|(?<=[.!?;])\s+")
 
 # Dropped wherever they are: direction marks, embeddings, overrides and isolates; zero-width
 # space, word joiner and the invisible operators; the byte order mark; the soft hyphen;

@@ -22,32 +22,21 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from retrieval.search.lexical import tokenize
-from retrieval.text import CJK_CHAR
+from retrieval.text import CJK_CHAR, SENTENCE_END
 from retrieval.turns import SearchHit
 
 CUT = "…"
 # A memory shown cut keeps at most this share of its characters (else it is shown whole:
 # the cut marks and what it saves are then not worth a reader's doubt).
 MAX_KEPT_SHARE = 2 / 3
-# Within a line, a sentence ends at CJK end punctuation, at . ! ? ; followed by a space
-# (not "3.5" or "e.g.x") or at an ellipsis (as a long query's sentences end:
-# `retrieval.search.pieces`); a line break ends one too.
-_BOUNDARY = re.compile(r"(?<=[。！？；…])|(?<=[.!?;])\s+|\n")
-
-
 # Text that ends in a CJK character or CJK punctuation.
 _CJK_END = re.compile(f"(?:{CJK_CHAR.pattern}|[\u3000-\u303f\uff00-\uffef])$")
 
 
 def sentences(text: str) -> list[str]:
-    """The sentences of `text`, each a slice of it without its surrounding space."""
-    parts: list[str] = []
-    start = 0
-    for match in _BOUNDARY.finditer(text):
-        if match.start() > start:
-            parts.append(text[start : match.start()].strip())
-        start = max(start, match.end())
-    parts.append(text[start:].strip())
+    """The sentences of `text` (each line's, as a long query's are cut:
+    `retrieval.search.pieces`), each a slice of it without its surrounding space."""
+    parts = (part.strip() for line in text.split("\n") for part in SENTENCE_END.split(line))
     return [part for part in parts if part]
 
 
@@ -90,11 +79,11 @@ def _joined(parts: Sequence[str]) -> str:
 
 def with_excerpts(hits: Sequence[SearchHit], query: str, min_sentences: int) -> list[SearchHit]:
     """The hits, each long one with the excerpt the prompt shows for `query`."""
-    if min_sentences <= 0:
+    terms = frozenset(tokenize(query)) if min_sentences > 0 else frozenset()
+    if not terms:
         return list(hits)
-    terms = frozenset(tokenize(query))
     out: list[SearchHit] = []
     for hit in hits:
-        shown = excerpt(hit.turn.content, terms, min_sentences) if terms else None
+        shown = excerpt(hit.turn.content, terms, min_sentences)
         out.append(replace(hit, excerpt=shown) if shown is not None else hit)
     return out

@@ -22,15 +22,13 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 import numpy as np
 
 from retrieval.protocols import Embedder, QueryEmbedder, ScoredId, VectorIndex
+from retrieval.text import SENTENCE_END
 
 # Sentences of a query searched on their own: from three (a message of two sentences
 # is searched as before: the second often leans on the first), at most the last 16 of
 # a longer query (what a message ends on is what it asks).
 MIN_PIECES = 3
 MAX_PIECES = 16
-# Within a line, a sentence ends at CJK end punctuation, at . ! ? ; followed by a space
-# (not "3.5" or "e.g.x") or at an ellipsis.
-_BOUNDARY = re.compile(r"(?<=[。！？；…])|(?<=[.!?;])\s+")
 # A piece must hold a letter, a digit or a CJK character ("...", "—" are no sentence).
 _WORDLIKE = re.compile(r"\w")
 # A transcript's line starts with its speaker ("User:", "<Bart>:", "[Lisa]：") and may
@@ -53,7 +51,7 @@ def query_pieces(query: str) -> list[str]:
         if _TAG_ONLY.match(line):
             continue
         said = _LABEL.sub("", line, count=1)
-        for part in _BOUNDARY.split(said):
+        for part in SENTENCE_END.split(said):
             piece = part.strip().strip(_QUOTES).strip()
             if piece and _WORDLIKE.search(piece) and piece not in seen:
                 seen.add(piece)
