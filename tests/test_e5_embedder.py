@@ -279,7 +279,7 @@ async def test_the_settings_choose_it_by_kind_and_the_export_is_reused(
     # The graph and, where 8-bit queries were asked for, its quantised copy.
     assert {p.name for p in onnx_cache_dir.glob(f"{DEFAULT_MODEL_NAME}-*.onnx")} <= {
         exported.name,
-        f"{stem}-int8.onnx",
+        f"{stem}-int8-7bit.onnx",
     }
     # The word table beside the graph, which holds none of it.
     words = onnx_cache_dir / f"{stem}.words.npy"
@@ -338,7 +338,7 @@ async def test_the_second_list_quantises_its_query_graph_once(
     settings = Settings(data_dir=tmp_path)
     assert settings.second_embedder.query_precision == "int8"
     first = await load_second_embedder(settings)
-    quantised = tmp_path / "models" / f"{stem}-int8.onnx"
+    quantised = tmp_path / "models" / f"{stem}-int8-7bit.onnx"
     made = quantised.stat().st_mtime_ns
     second = await load_second_embedder(settings)
     assert quantised.stat().st_mtime_ns == made

@@ -43,6 +43,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from retrieval.embedders.apart import run_apart
 from retrieval.embedders.bf16 import Bf16Transformer
 from retrieval.embedders.e5_weights import LAYER_TENSORS, E5ModelFile, Vocabulary, file_digest
 from retrieval.embedders.onnx import (
@@ -270,7 +271,8 @@ class E5Embedder:
         if not (onnx_path.exists() and words_path.exists()):
             with _EXPORT_LOCK:
                 if not (onnx_path.exists() and words_path.exists()):
-                    export_e5(build_bert(model_file), onnx_path, words_path)
+                    # In a child process: the service keeps none of the export's memory.
+                    run_apart(export_e5_file, path, onnx_path, words_path)
         # The word table (250,000 x 384 floats, 384 MB: most of the model) stays on disk,
         # mapped: only the pages of the tokens met are read, and they may be dropped again.
         word_vectors = np.load(words_path, mmap_mode="r")
@@ -284,11 +286,14 @@ class E5Embedder:
         # changes, never what is stored, so the stored vectors keep their model's name.
         self._query_hidden_state = self._onnx_hidden_state
         if int8_queries:
-            quantized = onnx_path.with_name(f"{onnx_path.stem}-int8.onnx")
+            # 7-bit weights (`reduce_range`): as close to fp32 on CPUs without VNNI as with.
+            quantized = onnx_path.with_name(f"{onnx_path.stem}-int8-7bit.onnx")
             if not quantized.exists():
                 with _EXPORT_LOCK:
                     if not quantized.exists():
-                        quantize_int8(onnx_path, quantized)
+                        run_apart(quantize_int8, onnx_path, quantized, reduce_range=True)
+                        # The copy of earlier versions (full 8-bit weights) is not read again.
+                        onnx_path.with_name(f"{onnx_path.stem}-int8.onnx").unlink(missing_ok=True)
             self._query_hidden_state = OnnxHiddenState(
                 quantized, num_threads=num_threads, word_vectors=word_vectors
             )
@@ -377,6 +382,11 @@ def release_mapped_pages(table: np.ndarray) -> None:
     mapping = getattr(table, "_mmap", None)  # numpy.memmap's mapping of the file
     if isinstance(mapping, mmap.mmap):
         mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def export_e5_file(model_path: Path, onnx_path: Path, words_path: Path) -> None:
+    """`export_e5` of the model file at `model_path` (what a child process is given)."""
+    export_e5(build_bert(E5ModelFile(model_path)), onnx_path, words_path)
 
 
 def export_e5(model: Any, onnx_path: Path, words_path: Path) -> None:
