@@ -349,15 +349,18 @@ async def test_the_second_list_quantises_its_query_graph_once(
     )
 
 
-def mapped_kib(path_end: str) -> int:
-    """Resident KiB of this process's mappings of a file (from /proc/self/smaps)."""
-    total, inside = 0, False
+def mapped_kib(table: np.ndarray) -> int:
+    """Resident KiB of this process's mapping that holds `table` (from /proc/self/smaps):
+    this embedder's own, not the other embedders' of the same file."""
+    address = table.__array_interface__["data"][0]
+    inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         if line[:1].isdigit() or line[:1] in "abcdef":
-            inside = line.rstrip().endswith(path_end)
+            start, end = (int(bound, 16) for bound in line.split()[0].split("-"))
+            inside = start <= address < end
         elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
+            return int(line.split()[1])
+    raise AssertionError("the table is not mapped")
 
 
 @pytest.mark.model
@@ -368,6 +371,7 @@ def test_a_large_call_lets_go_of_the_word_tables_pages(e5: E5Embedder) -> None:
     64 KiB): megabytes, where an import of 10,000 turns left about 200 MiB."""
     english, chinese = read_corpus()
     e5.embed_now(english[:150] + chinese[:150])
-    assert mapped_kib(".words.npy") == 0
+    table = e5._word_vectors  # the mapping under test
+    assert mapped_kib(table) == 0
     e5.embed_queries_now(["我对什么过敏？"])
-    assert 0 < mapped_kib(".words.npy") < 16 * 1024
+    assert 0 < mapped_kib(table) < 16 * 1024

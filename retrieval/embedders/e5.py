@@ -292,8 +292,8 @@ class E5Embedder:
                 with _EXPORT_LOCK:
                     if not quantized.exists():
                         run_apart(quantize_int8, onnx_path, quantized, reduce_range=True)
-                        # The copy of earlier versions (full 8-bit weights) is not read again.
-                        onnx_path.with_name(f"{onnx_path.stem}-int8.onnx").unlink(missing_ok=True)
+            # The copy of earlier versions (full 8-bit weights) is not read again.
+            onnx_path.with_name(f"{onnx_path.stem}-int8.onnx").unlink(missing_ok=True)
             self._query_hidden_state = OnnxHiddenState(
                 quantized, num_threads=num_threads, word_vectors=word_vectors
             )
