@@ -137,7 +137,7 @@ class ChatSettings(BaseModel):
     summary_prompt_file: Path = PROMPTS_DIR / "summarize.txt"
     summary_share: float = Field(0.10, ge=0, le=1)
     memory_share: float = Field(0.25, ge=0, le=1)
-    memory_max_tokens: int = Field(1_536, ge=0)
+    memory_max_tokens: int = Field(1_792, ge=0)
     memory_min_tokens: int = Field(384, ge=0)
     # A memory of this many sentences or more is shown by its sentences that share the
     # message's terms, the cuts marked with `…` inside its quotes; 0 (the default): every

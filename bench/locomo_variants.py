@@ -20,7 +20,8 @@ query and passage prefixes; hybrid with zscore fusion only), rocchio=alpha,m (a 
 pass: each dense query moved by alpha x the mean vector of the first pass's m best
 turns, the lists fused again), when=boost (the turns said in the span a question names
 raised) and sess=w (each turn raised by w x its session's best fused score, as the
-service's `MEMCHAT_RETRIEVAL__SESSION_WEIGHT`). Also prints recall@10 per category.
+service's `MEMCHAT_RETRIEVAL__SESSION_WEIGHT`) and spk=w (the turns of a speaker the
+question names, by the stored name, raised by w). Also prints recall@10 per category.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -247,6 +249,7 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
             lists_weights = [*weights, e5_weight][: len(rankings)]
             ranked = _in_time(variant, question, ranked, rankings, exact, turns, lists_weights)
             ranked = _by_session(variant, ranked, turns)
+            ranked = _by_speaker(variant, question, ranked, turns)
             if dedup <= 1:
                 ranked = drop_near_duplicates(ranked, prints.__getitem__, dedup, max(KS))
             ids = [turns[hit.id][0] for hit in ranked[: max(KS)]]
@@ -283,6 +286,18 @@ def _by_session(variant, ranked, turns):
         hit.id: turns[hit.id][1].session_id for hit in ranked[: int(variant.get("cand", 100))]
     }
     return with_session_prior(ranked, sessions, float(variant["sess"]))
+
+
+def _by_speaker(variant, question, ranked, turns):
+    """`spk=w`: the turns of a speaker the question names gain w."""
+    if "spk" not in variant:
+        return ranked
+    names = {turn.name for _, turn in turns if turn.name}
+    named = {n for n in names if re.search(rf"(?<!\w){re.escape(n)}(?!\w)", question, re.I)}
+    if not named:
+        return ranked
+    ids = {hit.id for hit in ranked if turns[hit.id][1].name in named}
+    return raised(ranked, ids, float(variant["spk"]))
 
 
 def _second_pass(variant, ranked, lists, where, rankings, exact, cand):

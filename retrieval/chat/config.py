@@ -16,7 +16,7 @@ class ChatConfig:
     # turn always has `memory_min_tokens` (or the whole budget, if smaller) for its own.
     retrieval_k: int = 50
     memory_share: float = 0.25
-    memory_max_tokens: int = 1_536
+    memory_max_tokens: int = 1_792
     memory_min_tokens: int = 384
     # A memory of this many sentences or more is shown by those that match the message
     # (`retrieval.prompt.excerpt`); 0: every memory whole.
