@@ -15,12 +15,17 @@ Runtime's and the event loop's) in whatever state they were.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+# Two embedders built at once in one process (tests, a benchmark) convert a file once.
+_CONVERT_LOCK = threading.Lock()
 
 
 def run_apart(function: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -29,3 +34,15 @@ def run_apart(function: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) ->
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         return pool.submit(function, *args, **kwargs).result()
+
+
+def convert_once(
+    targets: Sequence[Path], function: Callable[P, None], /, *args: P.args, **kwargs: P.kwargs
+) -> None:
+    """`function(*args, **kwargs)` apart (`run_apart`) unless every one of `targets`, the
+    files it writes (atomically), is there already."""
+    if all(target.exists() for target in targets):
+        return
+    with _CONVERT_LOCK:
+        if not all(target.exists() for target in targets):
+            run_apart(function, *args, **kwargs)

@@ -43,7 +43,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from retrieval.embedders.apart import run_apart
+from retrieval.embedders.apart import convert_once
 from retrieval.embedders.bf16 import Bf16Transformer
 from retrieval.embedders.e5_weights import LAYER_TENSORS, E5ModelFile, Vocabulary, file_digest
 from retrieval.embedders.onnx import (
@@ -268,11 +268,8 @@ class E5Embedder:
         self._dimension = model_file.architecture.hidden_size
         stem = cache_dir / f"{model_name.replace('/', '_')}-{file_digest(path)}"
         onnx_path, words_path = stem.with_suffix(".onnx"), stem.with_suffix(".words.npy")
-        if not (onnx_path.exists() and words_path.exists()):
-            with _EXPORT_LOCK:
-                if not (onnx_path.exists() and words_path.exists()):
-                    # In a child process: the service keeps none of the export's memory.
-                    run_apart(export_e5_file, path, onnx_path, words_path)
+        # In a child process: the service keeps none of the export's memory.
+        convert_once((onnx_path, words_path), export_e5_file, path, onnx_path, words_path)
         # The word table (250,000 x 384 floats, 384 MB: most of the model) stays on disk,
         # mapped: only the pages of the tokens met are read, and they may be dropped again.
         word_vectors = np.load(words_path, mmap_mode="r")
@@ -288,10 +285,7 @@ class E5Embedder:
         if int8_queries:
             # 7-bit weights (`reduce_range`): as close to fp32 on CPUs without VNNI as with.
             quantized = onnx_path.with_name(f"{onnx_path.stem}-int8-7bit.onnx")
-            if not quantized.exists():
-                with _EXPORT_LOCK:
-                    if not quantized.exists():
-                        run_apart(quantize_int8, onnx_path, quantized, reduce_range=True)
+            convert_once((quantized,), quantize_int8, onnx_path, quantized, reduce_range=True)
             # The copy of earlier versions (full 8-bit weights) is not read again.
             onnx_path.with_name(f"{onnx_path.stem}-int8.onnx").unlink(missing_ok=True)
             self._query_hidden_state = OnnxHiddenState(
@@ -398,7 +392,3 @@ def export_e5(model: Any, onnx_path: Path, words_path: Path) -> None:
     with tempfile.NamedTemporaryFile(dir=words_path.parent, suffix=".tmp", delete=False) as tmp:
         np.save(tmp, np.ascontiguousarray(words, dtype=np.float32))
     os.replace(tmp.name, words_path)
-
-
-# Two embedders built at once in one process (tests, a benchmark) export the file once.
-_EXPORT_LOCK = threading.Lock()

@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from retrieval.embedders.apart import run_apart
+from retrieval.embedders.apart import convert_once
 from retrieval.embedders.bf16 import BATCH_SIZE as BULK_BATCH_SIZE
 from retrieval.embedders.bf16 import Bf16Transformer, release_freed_memory, takes_token_types
 
@@ -300,12 +300,10 @@ class OnnxEmbedder:
         self._pooling = _pooling_mode(model_path)
         onnx_path = cache_dir / f"{model_name.replace('/', '_')}-{_weights_digest(model_path)}.onnx"
         # Converted in a child process: the service keeps none of the exporter's memory.
-        if not onnx_path.exists():
-            run_apart(export_onnx, model_path, onnx_path)
+        convert_once((onnx_path,), export_onnx, model_path, onnx_path)
         if int8:
             quantized = onnx_path.with_name(f"{onnx_path.stem}-int8.onnx")
-            if not quantized.exists():
-                run_apart(quantize_int8, onnx_path, quantized)
+            convert_once((quantized,), quantize_int8, onnx_path, quantized)
             onnx_path = quantized
             model_name = f"{model_name}-int8"
         self._onnx_hidden_state = OnnxHiddenState(onnx_path, num_threads=num_threads)
