@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from storage.claims import (
     KNOWLEDGE_PROCESSING,
     JobClaimRepository,
     document_key,
+    int4_key,
 )
 from storage.db import Database, create_engine
 from storage.facts import STATUSES
@@ -51,8 +52,8 @@ from tests.live import MEMCHAT, cli_env, free_port
 
 pytestmark = pytest.mark.postgres
 
-# Five batches of extraction for the killed-process test: with three, the job sometimes
-# ended before the test had seen its second batch begin and could kill its process.
+# Five batches of extraction for the killed-process test, begun once the import is
+# acknowledged (`extraction_held`): the test sees the second begin and kills its process.
 LIKES = [f"I like item {n}." for n in range(1, 1001)]
 
 
@@ -401,6 +402,10 @@ def wait_until_ready(process: subprocess.Popen[str], log_path: Path, base: str) 
 
 def import_history(client: httpx.Client, user_id: str, texts: Sequence[str]) -> list[int]:
     session_id = client.post("/v1/sessions", json={"user_id": user_id}).json()["id"]
+    return import_into(client, session_id, texts)
+
+
+def import_into(client: httpx.Client, session_id: str, texts: Sequence[str]) -> list[int]:
     answer = client.post(
         f"/v1/sessions/{session_id}/history",
         json={"messages": [{"role": "user", "content": t} for t in texts]},
@@ -418,6 +423,27 @@ async def watermark(engine: AsyncEngine, user_id: str) -> int:
             {"u": user_id},
         )
     return int(value)
+
+
+@asynccontextmanager
+async def extraction_held(engine: AsyncEngine, user_id: str) -> AsyncIterator[None]:
+    """The user's fact-extraction claim held by the test (as a process holds it for a
+    batch, on a connection of its own): no process extracts the user's messages until
+    this exits; each finds the claim taken and tries again at its next sweep."""
+    async with engine.connect() as connection:
+        user_pk = await connection.scalar(
+            text("SELECT id FROM users WHERE external_id = :u"), {"u": user_id}
+        )
+        key = {"class_id": FACT_EXTRACTION, "key": int4_key(int(user_pk))}
+        await connection.execute(
+            text("SELECT pg_advisory_lock(CAST(:class_id AS int), CAST(:key AS int))"), key
+        )
+        try:
+            yield
+        finally:
+            await connection.execute(
+                text("SELECT pg_advisory_unlock(CAST(:class_id AS int), CAST(:key AS int))"), key
+            )
 
 
 async def wait_for_watermark(engine: AsyncEngine, user_id: str, last_id: int, what: str) -> None:
@@ -468,7 +494,14 @@ async def test_a_job_of_a_killed_process_is_finished_once_by_the_other(
     engine = create_engine(postgres_url)
     try:
         with api_processes(tmp_path, postgres_url, 2) as processes:
-            ids = import_history(processes[0].client, "olga", LIKES)
+            client = processes[0].client
+            session_id = client.post("/v1/sessions", json={"user_id": "olga"}).json()["id"]
+            # The job begins once the import is acknowledged: on a slow machine the
+            # import's embedding takes longer than the whole job, begun as its messages
+            # were stored, would.
+            async with extraction_held(engine, "olga"):
+                ids = import_into(client, session_id, LIKES)
+                assert await watermark(engine, "olga") == 0
             # Kill whichever process holds the user's job, one batch of 200 recorded.
             holder = holder_of_a_later_batch(processes, timeout_s=120)
             os.kill(holder.process.pid, signal.SIGKILL)
