@@ -226,6 +226,10 @@ def test_a_document_is_mostly_cjk_when_half_its_letters_are() -> None:
     texts = ["我对猕猴桃过敏。", "I am allergic to peanuts. 我对花生过敏。", "I like tea."]
     index.add(1, [1, 2, 3], texts)
     assert [index.is_mostly_cjk(1, doc) for doc in (1, 2, 3, 4)] == [True, False, False, False]
+    # Asked again after a document is replaced or removed: the answer of what it is now.
+    index.add(1, [1, 3], ["I am allergic to kiwis.", "我喜欢喝茶。"])
+    index.remove(1, [2])
+    assert [index.is_mostly_cjk(1, doc) for doc in (1, 2, 3)] == [False, False, True]
 
 
 def test_a_text_is_mostly_cjk_when_half_its_letters_are() -> None:

@@ -153,6 +153,9 @@ class _Scope:
     # Per document: its term ids and weights, and the term ids of its own content.
     documents: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     own_terms: dict[int, np.ndarray] = field(default_factory=dict)
+    # Per document asked about (`LexicalIndex.is_mostly_cjk`): its answer, kept until the
+    # document is removed or replaced (a search asks it of each of ~100 candidates).
+    mostly_cjk: dict[int, bool] = field(default_factory=dict)
 
     @property
     def num_docs(self) -> int:
@@ -381,6 +384,7 @@ class LexicalIndex:
             if document is None:
                 continue
             index.own_terms.pop(doc_id, None)
+            index.mostly_cjk.pop(doc_id, None)
             slot = index.slot_of.pop(doc_id)
             index.total_length -= index.lengths[slot]
             index.ids[slot] = -1
@@ -427,14 +431,17 @@ class LexicalIndex:
         index = self._scopes.get(scope)
         if index is None or doc_id not in index.own_terms:
             return False
-        cjk = other = 0
-        for term_id in index.own_terms[doc_id].tolist():
-            term = index.terms[term_id]
-            if not CJK_CHAR.match(term):
-                other += len(term)
-            elif len(term) == 1:
-                cjk += 1
-        return cjk > 0 and 2 * cjk >= other
+        known = index.mostly_cjk.get(doc_id)
+        if known is None:
+            cjk = other = 0
+            for term_id in index.own_terms[doc_id].tolist():
+                term = index.terms[term_id]
+                if not CJK_CHAR.match(term):
+                    other += len(term)
+                elif len(term) == 1:
+                    cjk += 1
+            known = index.mostly_cjk[doc_id] = cjk > 0 and 2 * cjk >= other
+        return known
 
     def fingerprint(self, scope: int, doc_id: int) -> frozenset[int]:
         """The distinct terms of a document's own content (empty if not held)."""
