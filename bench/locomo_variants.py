@@ -21,7 +21,9 @@ pass: each dense query moved by alpha x the mean vector of the first pass's m be
 turns, the lists fused again), when=boost (the turns said in the span a question names
 raised) and sess=w (each turn raised by w x its session's best fused score, as the
 service's `MEMCHAT_RETRIEVAL__SESSION_WEIGHT`) and spk=w (the turns of a speaker the
-question names, by the stored name, raised by w). Also prints recall@10 per category.
+question names, by the stored name, raised by w), div=w and mmr=l (the best candidates
+re-ranked for variety: by session, or by maximal marginal relevance of the dense
+vectors). Also prints recall@10 per category; `--ks` sets the depths printed.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from retrieval.search.memory import raised, with_session_prior
 from retrieval.search.when import time_span
 from storage.records import Turn
 
-KS = (5, 10, 20)
+KS = (5, 10, 20)  # recall@k printed (--ks); 10 always, for the categories
 SPLITS = {"tune": ("conv-26", "conv-44"), "held-out": ("conv-48", "conv-50")}
 
 
@@ -176,8 +178,10 @@ class Vectors:
         return self._cached("e5-questions", lambda: self._e5().embed_queries_now(texts))
 
 
-def evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[str, list]:
-    return asyncio.run(_evaluate(variant, conversations, vectors))
+def evaluate(
+    variant: dict[str, str], conversations, vectors: Vectors, ks: Sequence[int] = KS
+) -> dict[str, list]:
+    return asyncio.run(_evaluate(variant, conversations, vectors, ks))
 
 
 def _options(variant: dict[str, str]) -> tuple[Feedback, NeighbourConfig]:
@@ -193,7 +197,9 @@ def _options(variant: dict[str, str]) -> tuple[Feedback, NeighbourConfig]:
     return feedback, neighbours
 
 
-async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) -> dict[str, list]:
+async def _evaluate(
+    variant: dict[str, str], conversations, vectors: Vectors, ks: Sequence[int]
+) -> dict[str, list]:
     mode = variant.get("mode", "hybrid")
     cand, c = int(variant.get("cand", 100)), float(variant.get("c", 60))
     weights = [float(variant.get("wd", 1)), float(variant.get("wl", 1))]
@@ -250,10 +256,11 @@ async def _evaluate(variant: dict[str, str], conversations, vectors: Vectors) ->
             ranked = _in_time(variant, question, ranked, rankings, exact, turns, lists_weights)
             ranked = _by_session(variant, ranked, turns)
             ranked = _by_speaker(variant, question, ranked, turns)
+            ranked = _diverse(variant, ranked, turns, matrix, docs)
             if dedup <= 1:
-                ranked = drop_near_duplicates(ranked, prints.__getitem__, dedup, max(KS))
-            ids = [turns[hit.id][0] for hit in ranked[: max(KS)]]
-            recalls.append([*(len(gold & set(ids[:k])) / len(gold) for k in KS), category])
+                ranked = drop_near_duplicates(ranked, prints.__getitem__, dedup, max(ks))
+            ids = [turns[hit.id][0] for hit in ranked[: max(ks)]]
+            recalls.append([*(len(gold & set(ids[:k])) / len(gold) for k in ks), category])
         results[sample_id] = recalls
         docs += len(turns)
         offsets += len(questions)
@@ -286,6 +293,37 @@ def _by_session(variant, ranked, turns):
         hit.id: turns[hit.id][1].session_id for hit in ranked[: int(variant.get("cand", 100))]
     }
     return with_session_prior(ranked, sessions, float(variant["sess"]))
+
+
+def _diverse(variant, ranked, turns, matrix, docs):
+    """`div=w`: the best `cand` re-ranked greedily, each lowered by w x the number of
+    turns of its session placed before it; `mmr=l`: lowered by l x its best cosine (the
+    dense recipe's vectors) to those placed (maximal marginal relevance)."""
+    if "div" not in variant and "mmr" not in variant:
+        return ranked
+    if matrix is None:
+        raise SystemExit("div= and mmr= re-rank a search with a dense list")
+    own = matrix[docs : docs + len(turns)]
+    per_session, per_cosine = float(variant.get("div", 0)), float(variant.get("mmr", 0))
+    head = ranked[: int(variant.get("cand", 100))]
+    vectors = own[[hit.id for hit in head]]
+    closest = np.zeros(len(head))
+    placed: list[ScoredId] = []
+    counts: dict[str, int] = {}
+    left = set(range(len(head)))
+    while left:
+
+        def value(i: int) -> float:
+            session = turns[head[i].id][1].session_id
+            return head[i].score - per_session * counts.get(session, 0) - per_cosine * closest[i]
+
+        pick = max(sorted(left), key=value)
+        left.discard(pick)
+        placed.append(head[pick])
+        session = turns[head[pick].id][1].session_id
+        counts[session] = counts.get(session, 0) + 1
+        np.maximum(closest, vectors @ vectors[pick], out=closest)
+    return placed + list(ranked[len(head) :])
 
 
 def _by_speaker(variant, question, ranked, turns):
@@ -334,17 +372,17 @@ def _fuse(variant, rankings, exact, weights, c) -> list[ScoredId]:
     return standardised_fusion(rankings, scores, weights[: len(rankings)])
 
 
-def line(results: dict[str, list]) -> str:
+def line(results: dict[str, list], ks: Sequence[int] = KS) -> str:
     cells = []
     for name, members in [*SPLITS.items(), ("all", tuple(results))]:
         rows = [r[:-1] for sample_id in members for r in results[sample_id]]
         means = np.mean(rows, axis=0)
-        cells.append(f"{name} " + " ".join(f"@{k} {m:.3f}" for k, m in zip(KS, means, strict=True)))
+        cells.append(f"{name} " + " ".join(f"@{k} {m:.3f}" for k, m in zip(ks, means, strict=True)))
     every = [r for rows in results.values() for r in rows]
     cells.append(
         "R@10 "
         + " ".join(
-            f"{label} {np.mean([r[KS.index(10)] for r in every if r[-1] == category]):.3f}"
+            f"{label} {np.mean([r[ks.index(10)] for r in every if r[-1] == category]):.3f}"
             for category, label in CATEGORIES.items()
         )
     )
@@ -356,12 +394,14 @@ def main() -> None:
     parser.add_argument("variants", nargs="+")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--cache", type=Path, required=True)
+    parser.add_argument("--ks", type=int, nargs="+", default=KS, help="recall@k printed")
     args = parser.parse_args()
+    ks = tuple(sorted({*args.ks, 10}))
     conversations = load(args.data)
     vectors = Vectors(args.cache, conversations)
     for text in args.variants:
         variant = dict(item.split("=", 1) for item in text.split())
-        print(f"{text}\n    {line(evaluate(variant, conversations, vectors))}", flush=True)
+        print(f"{text}\n    {line(evaluate(variant, conversations, vectors, ks), ks)}", flush=True)
 
 
 if __name__ == "__main__":
