@@ -139,11 +139,12 @@ def stats(values_s: list[float]) -> dict[str, float]:
 
 
 async def timed_previews(
-    runtime: Runtime, session_id: str, questions: list[str]
+    runtime: Runtime, session_id: str, questions: list[str], warm_up: list[str]
 ) -> dict[str, list[float]]:
-    """Seconds of each preview, whole and by stage, after ten untimed ones."""
+    """Seconds of each preview, whole and by stage, after untimed ones of other texts (a
+    text asked again would find its query vectors kept from the first time)."""
     params = SamplingParams(max_tokens=256)
-    for question in questions[:10]:  # warm-up
+    for question in warm_up:
         await runtime.previews.preview(session_id, question, params, tenant_id=DEFAULT_TENANT_ID)
     times: dict[str, list[float]] = {
         key: [] for key in ("whole", "embed", "rest", "read", "turn_search", "assemble")
@@ -173,19 +174,28 @@ async def measure(
     changes), the nine others do not. The first real turn after a large import compacts
     it to its last 100 messages and adds two: previews then are of a compacting turn;
     after one more real turn (down to 82, plus two), of a steady one. A user's turns are
-    the mix, nine steady to one compacting."""
-    asked = questions[:num_queries]
+    the mix, nine steady to one compacting.
+
+    Every preview (and turn) is of a text not asked before in the process: a user's new
+    message is new, and a text asked again finds its query vectors kept (the second
+    list's embedding, most of a turn's, would not be timed)."""
+    distinct = list(dict.fromkeys(questions))
+    if len(distinct) < 2 * num_queries + 22:
+        raise SystemExit(f"--queries {num_queries}: {len(distinct)} distinct questions held")
+    asked, steady_asked = distinct[:num_queries], distinct[num_queries : 2 * num_queries]
+    warm_up, turns = distinct[-20:], distinct[-22:-20]
     user = (await runtime.repositories.sessions.get_session(session_id))[1]
     one_token = SamplingParams(max_tokens=1)
-    await runtime.turns.complete(session_id, questions[0], one_token, tenant_id=DEFAULT_TENANT_ID)
-    compacting = await timed_previews(runtime, session_id, asked)
-    await runtime.turns.complete(session_id, questions[1], one_token, tenant_id=DEFAULT_TENANT_ID)
-    steady = await timed_previews(runtime, session_id, asked)
+    await runtime.turns.complete(session_id, turns[0], one_token, tenant_id=DEFAULT_TENANT_ID)
+    compacting = await timed_previews(runtime, session_id, asked, warm_up[:10])
+    await runtime.turns.complete(session_id, turns[1], one_token, tenant_id=DEFAULT_TENANT_ID)
+    steady = await timed_previews(runtime, session_id, steady_asked, warm_up[10:])
     mixed = {key: steady[key] * 9 + compacting[key] for key in steady}
     search, pinned = [], []
     for question in asked:
-        # The search and the pinned facts again, alone, for the breakdown.
-        vector = (await runtime.memory.embed_queries([question]))[0]
+        # The search and the pinned facts again, alone, for the breakdown: the query's
+        # vectors made first (both lists', as a turn's embedding stage makes them).
+        vector = await runtime.memory.embed_query(user.id, question)
         t1 = time.perf_counter()
         await runtime.memory.search(user.id, vector, 5, query=question)
         t2 = time.perf_counter()
