@@ -307,21 +307,22 @@ def _diverse(variant, ranked, turns, matrix, docs):
     per_session, per_cosine = float(variant.get("div", 0)), float(variant.get("mmr", 0))
     head = ranked[: int(variant.get("cand", 100))]
     vectors = own[[hit.id for hit in head]]
+    sessions = [turns[hit.id][1].session_id for hit in head]
     closest = np.zeros(len(head))
-    placed: list[ScoredId] = []
     counts: dict[str, int] = {}
-    left = set(range(len(head)))
+    left = list(range(len(head)))  # in rank order: a tie goes to the better rank
+    placed: list[ScoredId] = []
     while left:
 
         def value(i: int) -> float:
-            session = turns[head[i].id][1].session_id
-            return head[i].score - per_session * counts.get(session, 0) - per_cosine * closest[i]
+            return (
+                head[i].score - per_session * counts.get(sessions[i], 0) - per_cosine * closest[i]
+            )
 
-        pick = max(sorted(left), key=value)
-        left.discard(pick)
+        pick = max(left, key=value)
+        left.remove(pick)
         placed.append(head[pick])
-        session = turns[head[pick].id][1].session_id
-        counts[session] = counts.get(session, 0) + 1
+        counts[sessions[pick]] = counts.get(sessions[pick], 0) + 1
         np.maximum(closest, vectors @ vectors[pick], out=closest)
     return placed + list(ranked[len(head) :])
 

@@ -426,24 +426,24 @@ async def watermark(engine: AsyncEngine, user_id: str) -> int:
 
 
 @asynccontextmanager
-async def extraction_held(engine: AsyncEngine, user_id: str) -> AsyncIterator[None]:
-    """The user's fact-extraction claim held by the test (as a process holds it for a
-    batch, on a connection of its own): no process extracts the user's messages until
-    this exits; each finds the claim taken and tries again at its next sweep."""
+async def extraction_held(
+    postgres_url: str, engine: AsyncEngine, user_id: str
+) -> AsyncIterator[None]:
+    """The user's fact-extraction claim held by the test, as a job's claim is held
+    (`JobClaimRepository`): no process extracts the user's messages until this exits;
+    each finds the claim taken and tries again at its next sweep."""
     async with engine.connect() as connection:
         user_pk = await connection.scalar(
             text("SELECT id FROM users WHERE external_id = :u"), {"u": user_id}
         )
-        key = {"class_id": FACT_EXTRACTION, "key": int4_key(int(user_pk))}
-        await connection.execute(
-            text("SELECT pg_advisory_lock(CAST(:class_id AS int), CAST(:key AS int))"), key
-        )
-        try:
+    claims = JobClaimRepository.open_or_none(postgres_url, timeout_s=10)
+    assert claims is not None
+    try:
+        async with claims.try_hold(FACT_EXTRACTION, int4_key(int(user_pk))) as is_held:
+            assert is_held
             yield
-        finally:
-            await connection.execute(
-                text("SELECT pg_advisory_unlock(CAST(:class_id AS int), CAST(:key AS int))"), key
-            )
+    finally:
+        await claims.dispose()
 
 
 async def wait_for_watermark(engine: AsyncEngine, user_id: str, last_id: int, what: str) -> None:
@@ -499,7 +499,7 @@ async def test_a_job_of_a_killed_process_is_finished_once_by_the_other(
             # The job begins once the import is acknowledged: on a slow machine the
             # import's embedding takes longer than the whole job, begun as its messages
             # were stored, would.
-            async with extraction_held(engine, "olga"):
+            async with extraction_held(postgres_url, engine, "olga"):
                 ids = import_into(client, session_id, LIKES)
                 assert await watermark(engine, "olga") == 0
             # Kill whichever process holds the user's job, one batch of 200 recorded.
