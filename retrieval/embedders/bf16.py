@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import structlog
 
+from retrieval.embedders.word_table import WordTable
+
 log = structlog.get_logger(__name__)
 
 # Rows per forward pass: the fastest measured on two cores (64: 2,030/s, 128: 2,280/s,
@@ -120,9 +122,9 @@ class Bf16Transformer:
     `build_model`, where given, builds the transformers model (float32) instead of
     loading it from `model_path`: for a model whose weights come in another format.
     `word_vectors`, where given, is the model's word embedding table (float32, as the
-    ONNX graph reads it, memory-mapped): the tokens' rows go in as `inputs_embeds` and
-    the model keeps no table of its own (multilingual-e5-small's is 250,037 x 384: 190
-    MB in bfloat16, most of the model)."""
+    ONNX graph reads it, row by row from its file): the tokens' rows go in as
+    `inputs_embeds` and the model keeps no table of its own (multilingual-e5-small's is
+    250,037 x 384: 190 MB in bfloat16, most of the model)."""
 
     def __init__(
         self,
@@ -130,7 +132,7 @@ class Bf16Transformer:
         *,
         num_threads: int | None = None,
         build_model: Callable[[], Any] | None = None,
-        word_vectors: np.ndarray | None = None,
+        word_vectors: WordTable | None = None,
     ) -> None:
         self._model_path = model_path
         self._build_model = build_model
@@ -180,7 +182,7 @@ class Bf16Transformer:
             else:
                 model = AutoModel.from_pretrained(str(self._model_path), local_files_only=True)
             if self._word_vectors is not None:
-                # The tokens' rows come from the mapped table: the model's own goes.
+                # The tokens' rows come from the table's file: the model's own goes.
                 hidden_size = model.get_input_embeddings().embedding_dim
                 model.set_input_embeddings(torch.nn.Embedding(1, hidden_size))
             model = model.to(torch.bfloat16).eval()
@@ -215,7 +217,7 @@ class Bf16Transformer:
             {"token_type_ids": torch.from_numpy(types)} if self._takes_types else {}
         )
         if self._word_vectors is not None:
-            rows = np.asarray(self._word_vectors[ids], dtype=np.float32)
+            rows = self._word_vectors[ids]
             extra["inputs_embeds"] = torch.from_numpy(rows).to(torch.bfloat16)
         else:
             extra["input_ids"] = torch.from_numpy(ids)

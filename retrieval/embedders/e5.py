@@ -2,15 +2,15 @@
 runs: ONNX Runtime in fp32, and torch in bfloat16 for calls of 8 texts or more on CPUs
 with AMX (`retrieval.embedders.onnx.pick_hidden_state`); with `int8_queries`, search
 queries by the same graph with 8-bit weights (stored texts stay fp32). The word
-embedding table, most of the model's size, is kept apart in a file mapped into memory,
-not in the ONNX graph.
+embedding table, most of the model's size, is kept apart in a file of its own, not in
+the ONNX graph, and read row by row (`retrieval.embedders.word_table`).
 
 The file (`retrieval.embedders.e5_weights`) is read at start; its weights, dequantised
 to float32 exactly as the engine dequantises them, make a BERT encoder (the engine's
 `forward_batch`: word + position (0..n-1) + token-type-0 embeddings, LayerNorm, 12
 post-LN layers with erf GELU), exported to ONNX once into the cache directory under the
 file's digest: the graph takes the tokens' word vectors, read from the table's own file
-(`.words.npy`, memory-mapped). The bfloat16 model is built from the file again when first needed.
+(`.words.npy`). The bfloat16 model is built from the file again when first needed.
 
 Tokenisation reproduces the engine's (`e5.c: tok_content`) with the `tokenizers`
 library, id for id: the file's per-character map (applied with `str.translate`, as the
@@ -31,7 +31,6 @@ and these agree at cosine >= 0.99, not exactly: they are stored under their own 
 from __future__ import annotations
 
 import importlib.util
-import mmap
 import os
 import re
 import tempfile
@@ -57,6 +56,7 @@ from retrieval.embedders.onnx import (
     quantize_int8,
     release_freed_memory,
 )
+from retrieval.embedders.word_table import WordTable
 
 DEFAULT_MODEL_NAME = "multilingual-e5-small-q4-fp32"
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
@@ -270,9 +270,9 @@ class E5Embedder:
         onnx_path, words_path = stem.with_suffix(".onnx"), stem.with_suffix(".words.npy")
         # In a child process: the service keeps none of the export's memory.
         convert_once((onnx_path, words_path), export_e5_file, path, onnx_path, words_path)
-        # The word table (250,000 x 384 floats, 384 MB: most of the model) stays on disk,
-        # mapped: only the pages of the tokens met are read, and they may be dropped again.
-        word_vectors = np.load(words_path, mmap_mode="r")
+        # The word table (250,000 x 384 floats, 384 MB: most of the model) stays on disk:
+        # each call reads its tokens' rows (`WordTable`), none of it is held in memory.
+        word_vectors = WordTable(words_path)
         self._word_vectors = word_vectors
         self._onnx_hidden_state = OnnxHiddenState(
             onnx_path, num_threads=num_threads, word_vectors=word_vectors
@@ -345,7 +345,6 @@ class E5Embedder:
             pooled[chosen] = mean_pool(hidden_state(ids, mask, types), mask)
         if len(rows) >= BULK_MIN_TEXTS:
             release_freed_memory()
-            release_mapped_pages(self._word_vectors)
         out = np.zeros((len(texts), self._dimension), dtype=np.float32)
         np.add.at(out, owners, pooled * weights[:, None])
         norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -364,18 +363,6 @@ class E5Embedder:
                 owners.append(index)
                 weights.append(float(max(len(piece), 1)))
         return rows, np.asarray(owners), np.asarray(weights, dtype=np.float32)
-
-
-def release_mapped_pages(table: np.ndarray) -> None:
-    """Let go of the pages of the memory-mapped word table that a large call read.
-
-    An import of 10,000 turns reads rows all over the table: about 200 MiB of its pages
-    then count in the process's resident memory, though they are clean copies of the
-    file. Dropped from the mapping (`MADV_DONTNEED`), they stay in the page cache, and a
-    later query's few rows are mapped in again at the cost of a minor fault each."""
-    mapping = getattr(table, "_mmap", None)  # numpy.memmap's mapping of the file
-    if isinstance(mapping, mmap.mmap):
-        mapping.madvise(mmap.MADV_DONTNEED)
 
 
 def export_e5_file(model_path: Path, onnx_path: Path, words_path: Path) -> None:

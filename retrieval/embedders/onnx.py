@@ -36,6 +36,7 @@ import numpy as np
 from retrieval.embedders.apart import convert_once
 from retrieval.embedders.bf16 import BATCH_SIZE as BULK_BATCH_SIZE
 from retrieval.embedders.bf16 import Bf16Transformer, release_freed_memory, takes_token_types
+from retrieval.embedders.word_table import WordTable
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -182,14 +183,14 @@ def export_model_onnx(model: Any, target: Path, *, word_vectors: bool = False) -
 class OnnxHiddenState:
     """`last_hidden_state(ids, mask, types)` of an exported transformer, by ONNX Runtime.
     `word_vectors`: the word embedding table of a graph exported with `word_vectors`
-    (typically memory-mapped from a file: only the rows of the tokens met are read)."""
+    (`retrieval.embedders.word_table.WordTable`: only the rows of the tokens met are read)."""
 
     def __init__(
         self,
         onnx_path: Path,
         *,
         num_threads: int | None = None,
-        word_vectors: np.ndarray | None = None,
+        word_vectors: WordTable | None = None,
     ) -> None:
         import onnxruntime
 
@@ -208,7 +209,7 @@ class OnnxHiddenState:
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> Any:
         first = (
-            {"inputs_embeds": np.asarray(self._word_vectors[ids], dtype=np.float32)}
+            {"inputs_embeds": self._word_vectors[ids]}
             if self._word_vectors is not None
             else {"input_ids": ids}
         )
