@@ -12,6 +12,7 @@ page cache, shared and reclaimable, out of the process's resident memory.
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,8 @@ class WordTable:
         self._dtype = np.dtype(dtype)
         self._row_bytes = self.shape[1] * self._dtype.itemsize
         self._fd = os.open(path, os.O_RDONLY)
+        # Closed when the table is collected, or at the interpreter's exit.
+        self.close = weakref.finalize(self, os.close, self._fd)
 
     def __getitem__(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids)
@@ -47,11 +50,3 @@ class WordTable:
             data = os.pread(self._fd, self._row_bytes, self._offset + token * self._row_bytes)
             rows[position] = np.frombuffer(data, dtype=self._dtype)
         return rows[inverse.reshape(ids.shape)]
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __del__(self) -> None:
-        self.close()
