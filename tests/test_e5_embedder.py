@@ -33,6 +33,7 @@ from retrieval.embedders.e5 import (
 )
 from retrieval.embedders.e5_weights import E5ModelFile, Vocabulary, dequantize_q4, file_digest
 from retrieval.protocols import QueryEmbedder
+from tests.test_word_table import mapped_files
 
 DATA = Path(
     os.environ.get("MEMCHAT_TEST_BENCH_DATA")
@@ -347,15 +348,6 @@ async def test_the_second_list_quantises_its_query_graph_once(
     np.testing.assert_array_equal(
         first.embed_queries_now(question), second.embed_queries_now(question)
     )
-
-
-def mapped_files() -> set[str]:
-    """The files this process has mapped into memory (from /proc/self/maps)."""
-    return {
-        line.split(maxsplit=5)[5]
-        for line in Path("/proc/self/maps").read_text().splitlines()
-        if len(line.split(maxsplit=5)) == 6
-    }
 
 
 @pytest.mark.model

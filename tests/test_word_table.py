@@ -11,6 +11,7 @@ from retrieval.embedders.word_table import WordTable
 
 
 def mapped_files() -> set[str]:
+    """The files this process has mapped into memory (from /proc/self/maps)."""
     return {
         line.split(maxsplit=5)[5]
         for line in Path("/proc/self/maps").read_text().splitlines()
