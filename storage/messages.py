@@ -212,6 +212,14 @@ class MessageRepository:
             )
             return {int(i): str(s) for i, s in rows.all()}
 
+    async def sessions_of_user(self, user_pk: int) -> dict[int, str]:
+        """The session of each of the user's messages."""
+        async with self._db.transaction() as session:
+            rows = await session.execute(
+                select(Message.id, Message.session_id).where(Message.user_pk == user_pk)
+            )
+            return {int(i): str(s) for i, s in rows.all()}
+
     async def list_user_messages(self, user_pk: int) -> list[Turn]:
         """Every message of a user, each session's in order (to build derived indexes)."""
         async with self._db.transaction() as session:

@@ -5,6 +5,7 @@ question is about, found by its best turn, lifts its other turns."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 
 import pytest
 from litestar.testing import AsyncTestClient
@@ -12,6 +13,7 @@ from litestar.testing import AsyncTestClient
 from app.settings import RetrievalSettings, Settings
 from retrieval.protocols import Embedder, ScoredId
 from retrieval.search.memory import with_session_prior
+from storage.messages import MessageRepository
 from tests.test_time_in_query import default_service, import_session
 
 
@@ -97,3 +99,40 @@ async def test_each_memory_gains_its_sessions_best_score(
     best = {"trip": plain["trip-city"], "home": plain["home-food"]}
     expected = {name: plain[name] + 0.1 * best[SESSION_OF[name]] for name in ranks}
     assert found[0.1] == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.model
+async def test_a_search_reads_no_session_from_sql_once_its_scope_is_open(
+    settings: Settings,
+    real_embedder: Embedder,
+    real_second_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The open scope knows its turns' sessions (from the turns it indexed, or read once
+    with its snapshot when a restarted process opens it): the prior's search reads none
+    from SQL, and a restarted process ranks and scores as the one that stored them."""
+    asked: list[list[int]] = []
+    sessions_of = MessageRepository.sessions_of
+
+    async def counted(self: MessageRepository, user_pk: int, ids: Collection[int]) -> dict:
+        asked.append(sorted(ids))
+        return await sessions_of(self, user_pk, ids)
+
+    monkeypatch.setattr(MessageRepository, "sessions_of", counted)
+    trip, home, question = STORES["en"]
+    day = dt.datetime(2025, 3, 3, 10, 0, tzinfo=dt.UTC)
+    found = []
+    for restarted in (False, True):
+        retrieval = RetrievalSettings(session_weight=0.1)
+        async with default_service(
+            settings, real_embedder, real_second_embedder, retrieval
+        ) as client:
+            if not restarted:
+                await import_session(client, "traveller", day, trip)
+                await import_session(client, "traveller", day + dt.timedelta(days=30), home)
+            found.append(await search(client, question))
+    assert asked == []
+    assert list(found[0]) == list(found[1]) == [
+        "trip-city", "trip-food", "trip-reply", "home-food", "home-reply"
+    ]  # fmt: skip
+    assert found[1] == pytest.approx(found[0], abs=1e-6)

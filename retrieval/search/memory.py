@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
+import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -279,6 +280,9 @@ class TurnMemory:
         self._versions: dict[int, int] = {}
         # Open scopes, least recently used first.
         self._recent: OrderedDict[int, None] = OrderedDict()
+        # Each open scope's turns' sessions as far as known (a turn never changes session):
+        # the session prior reads SQL for the others only.
+        self._session_of: dict[int, dict[int, str]] = {}
 
     def _new_lexical(self) -> LexicalIndex:
         return LexicalIndex(
@@ -465,6 +469,7 @@ class TurnMemory:
         self._lexical.drop(user_pk)
         self._neighbours.drop(user_pk)
         self._texts_loaded.discard(user_pk)
+        self._session_of.pop(user_pk, None)
         self._versions.pop(user_pk, None)
         self._recent.pop(user_pk, None)
         log.debug("index_scope_closed", scope=user_pk)
@@ -489,6 +494,7 @@ class TurnMemory:
         have = await self._index.list_ids(user_pk)
         missing, extra = sql_ids - have, have - sql_ids
         await self._index.remove(user_pk, extra)
+        self._forget_sessions(user_pk, extra)
         if missing:
             await add_stored(
                 self._index,
@@ -558,6 +564,10 @@ class TurnMemory:
         if not await anyio.to_thread.run_sync(self._lexical.restore, user_pk, lexical_data):
             return False
         self._neighbours.restore(user_pk, words)
+        self._session_of[user_pk] = {
+            i: sys.intern(session)
+            for i, session in (await self._messages.sessions_of_user(user_pk)).items()
+        }
         sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.vector_model)
         have = self._lexical.list_ids(user_pk)
         self._remove_texts(user_pk, have - sql_ids)
@@ -613,6 +623,9 @@ class TurnMemory:
             if t.id in wanted
         ]
         self._unsaved.add(user_pk)
+        self._session_of.setdefault(user_pk, {}).update(
+            (t.id, sys.intern(t.session_id)) for t in turns
+        )
         contents = {t.id: t.content for t in turns}
         self._lexical.add(
             user_pk,
@@ -757,7 +770,7 @@ class TurnMemory:
             with stage("session_prior") as weighing:
                 # The best `fetch` only: a candidate below them keeps its place.
                 best_ids = [h.id for h in ranked[:fetch]]
-                sessions = await self._messages.sessions_of(user_pk, best_ids)
+                sessions = await self._sessions_of(user_pk, best_ids)
                 weighing.record(num_sessions=len(set(sessions.values())))
             ranked = with_session_prior(ranked, sessions, config.session_weight)
         if trace is not None:
@@ -770,6 +783,19 @@ class TurnMemory:
             config.duplicate_threshold,
             k,
         )
+
+    async def _sessions_of(self, user_pk: int, ids: Sequence[int]) -> dict[int, str]:
+        """The session of each of the user's turns among `ids`, from SQL where not known."""
+        known = self._session_of.setdefault(user_pk, {})
+        if missing := [i for i in ids if i not in known]:
+            found = await self._messages.sessions_of(user_pk, missing)
+            known.update((i, sys.intern(session)) for i, session in found.items())
+        return {i: known[i] for i in ids if i in known}
+
+    def _forget_sessions(self, user_pk: int, message_ids: Collection[int]) -> None:
+        known = self._session_of.get(user_pk, {})
+        for message_id in message_ids:
+            known.pop(message_id, None)
 
     async def _said_in_span(
         self, user_pk: int, query: str | None, now: dt.datetime | None, exclude: Collection[int]
@@ -884,6 +910,7 @@ class TurnMemory:
         that only they held (so a snapshot written later holds none of their words)."""
         if not message_ids:
             return
+        self._forget_sessions(user_pk, message_ids)
         self._lexical.remove(user_pk, message_ids)
         self._neighbours.keep_terms(user_pk, self._lexical.compact(user_pk))
 
@@ -901,6 +928,7 @@ class TurnMemory:
         self._lexical.drop(user_pk)
         self._neighbours.drop(user_pk)
         self._texts_loaded.discard(user_pk)
+        self._session_of.pop(user_pk, None)
         self._versions.pop(user_pk, None)
         self._recent.pop(user_pk, None)
 
