@@ -80,7 +80,8 @@ def standardised_fusion(
     best_rank = best_ranks(rankings)
     ranks = np.array([best_rank.get(i, len(candidates)) for i in candidates])
     order = np.lexsort((np.array(candidates), ranks, -fused))
-    return [ScoredId(candidates[i], float(fused[i])) for i in order]
+    fused_scores = fused.tolist()
+    return [ScoredId(candidates[i], fused_scores[i]) for i in order.tolist()]
 
 
 def drop_near_duplicates(

@@ -214,9 +214,9 @@ class FaissIndex:
             else:
                 scores, ids = self._search_ivf(index, query, fetch)
         results = [
-            ScoredId(int(i), float(s))
-            for s, i in zip(scores[0], ids[0], strict=True)
-            if i >= 0 and int(i) not in exclude
+            ScoredId(i, s)
+            for s, i in zip(scores[0].tolist(), ids[0].tolist(), strict=True)
+            if i >= 0 and i not in exclude
         ]
         return results[:k]
 

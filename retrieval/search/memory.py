@@ -175,6 +175,22 @@ class _Side:
     exact: _Scorer
 
 
+def _kept(scorer: _Scorer) -> _Scorer:
+    """`scorer`, each id's score computed once: the fusion scores every candidate, and
+    the trace asks again for those the turn reports."""
+    known: dict[int, float] = {}
+    unscored: set[int] = set()
+
+    async def scores(ids: Collection[int]) -> Mapping[int, float]:
+        if missing := [i for i in ids if i not in known and i not in unscored]:
+            found = await scorer(missing)
+            known.update(found)
+            unscored.update(i for i in missing if i not in found)
+        return {i: known[i] for i in ids if i in known}
+
+    return scores
+
+
 def _lexical_scorer(lexical: LexicalScores) -> _Scorer:
     async def scores(ids: Collection[int]) -> Mapping[int, float]:
         return lexical.of(ids)
@@ -744,7 +760,7 @@ class TurnMemory:
                     self._index, user_pk, vector, piece_vectors, fetch, exclude
                 )
                 searching.record(num_hits=len(found), num_pieces=len(pieces))
-            sides.append(_Side("dense", found, weight, on_cjk, exact))
+            sides.append(_Side("dense", found, weight, on_cjk, _kept(exact)))
             if self._second is not None and query is not None and self._second.is_ready(user_pk):
                 with stage("index_search", index="second_dense", k=fetch) as searching:
                     second, second_pieces = await self._second.query_vectors(query, pieces)
@@ -753,7 +769,7 @@ class TurnMemory:
                     )
                     searching.record(num_hits=len(found), num_pieces=len(pieces))
                 weight = config.second_weight_cjk if is_cjk else config.second_weight
-                sides.append(_Side("second", found, weight, config.second_weight_cjk, exact))
+                sides.append(_Side("second", found, weight, config.second_weight_cjk, _kept(exact)))
         if config.mode != "dense" and query is not None:
             with stage("index_search", index="lexical", k=fetch) as searching:
                 terms = await self._query_terms(user_pk, query, exclude)
@@ -761,7 +777,7 @@ class TurnMemory:
                 top = lexical.top(fetch, exclude)
                 searching.record(num_hits=len(top), num_terms=len(terms))
             weight = config.lexical_weight
-            sides.append(_Side("lexical", top, weight, weight, _lexical_scorer(lexical)))
+            sides.append(_Side("lexical", top, weight, weight, _kept(_lexical_scorer(lexical))))
         said_then = await self._said_in_span(user_pk, query, now, exclude)
         ranked = await self._fuse(user_pk, sides, said_then)
         if said_then:
