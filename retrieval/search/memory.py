@@ -1053,6 +1053,7 @@ class TurnMemory:
         self._lexical = self._new_lexical()
         self._neighbours = WordNeighbours(self._config.neighbours)
         self._texts_loaded.clear()
+        self._session_of.clear()
         self._versions.clear()
         self._recent.clear()
         self._unsaved.clear()
