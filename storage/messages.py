@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, or_, select
+from sqlalchemy import ColumnElement, bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -204,20 +204,15 @@ class MessageRepository:
         """The session of each of the user's messages among `ids` (others are left out)."""
         if not ids:
             return {}
-        async with self._db.transaction() as session:
-            rows = await session.execute(
-                select(Message.id, Message.session_id).where(
-                    Message.user_pk == user_pk, Message.id.in_(list(ids))
-                )
-            )
-            return {int(i): str(s) for i, s in rows.all()}
+        return await self._sessions(Message.user_pk == user_pk, Message.id.in_(list(ids)))
 
     async def sessions_of_user(self, user_pk: int) -> dict[int, str]:
         """The session of each of the user's messages."""
+        return await self._sessions(Message.user_pk == user_pk)
+
+    async def _sessions(self, *where: ColumnElement[bool]) -> dict[int, str]:
         async with self._db.transaction() as session:
-            rows = await session.execute(
-                select(Message.id, Message.session_id).where(Message.user_pk == user_pk)
-            )
+            rows = await session.execute(select(Message.id, Message.session_id).where(*where))
             return {int(i): str(s) for i, s in rows.all()}
 
     async def list_user_messages(self, user_pk: int) -> list[Turn]:

@@ -21,7 +21,7 @@ import datetime as dt
 import io
 import sys
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -580,10 +580,7 @@ class TurnMemory:
         if not await anyio.to_thread.run_sync(self._lexical.restore, user_pk, lexical_data):
             return False
         self._neighbours.restore(user_pk, words)
-        self._session_of[user_pk] = {
-            i: sys.intern(session)
-            for i, session in (await self._messages.sessions_of_user(user_pk)).items()
-        }
+        self._know_sessions(user_pk, (await self._messages.sessions_of_user(user_pk)).items())
         sql_ids = await self._embeddings.list_user_vector_ids(user_pk, self.vector_model)
         have = self._lexical.list_ids(user_pk)
         self._remove_texts(user_pk, have - sql_ids)
@@ -639,9 +636,7 @@ class TurnMemory:
             if t.id in wanted
         ]
         self._unsaved.add(user_pk)
-        self._session_of.setdefault(user_pk, {}).update(
-            (t.id, sys.intern(t.session_id)) for t in turns
-        )
+        self._know_sessions(user_pk, ((t.id, t.session_id) for t in turns))
         contents = {t.id: t.content for t in turns}
         self._lexical.add(
             user_pk,
@@ -804,9 +799,16 @@ class TurnMemory:
         """The session of each of the user's turns among `ids`, from SQL where not known."""
         known = self._session_of.setdefault(user_pk, {})
         if missing := [i for i in ids if i not in known]:
-            found = await self._messages.sessions_of(user_pk, missing)
-            known.update((i, sys.intern(session)) for i, session in found.items())
+            self._know_sessions(
+                user_pk, (await self._messages.sessions_of(user_pk, missing)).items()
+            )
         return {i: known[i] for i in ids if i in known}
+
+    def _know_sessions(self, user_pk: int, sessions: Iterable[tuple[int, str]]) -> None:
+        """Record turns' sessions (id, session id) in the scope; session ids are shared by
+        many turns, so each is held once."""
+        known = self._session_of.setdefault(user_pk, {})
+        known.update((i, sys.intern(session)) for i, session in sessions)
 
     def _forget_sessions(self, user_pk: int, message_ids: Collection[int]) -> None:
         known = self._session_of.get(user_pk, {})
