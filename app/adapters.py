@@ -77,7 +77,7 @@ def _faiss(directory: Path, dimension: int, config: IndexSettings) -> VectorInde
     return FaissIndex(directory, dimension, ivf_threshold=config.faiss_ivf_threshold)
 
 
-async def _llamacpp(config: EngineSettings) -> Engine:
+async def _llamacpp(config: EngineSettings, models_dir: Path) -> Engine:
     from retrieval.engines.llamacpp import LlamaCppEngine, default_model_path
 
     return await LlamaCppEngine.loaded(
@@ -86,10 +86,11 @@ async def _llamacpp(config: EngineSettings) -> Engine:
         num_threads=config.num_threads,
         timeout_s=config.timeout_s,
         num_slots=config.num_slots,
+        tokenizer_dir=models_dir,
     )
 
 
-async def _vllm(config: EngineSettings) -> Engine:
+async def _vllm(config: EngineSettings, _models_dir: Path) -> Engine:
     from app.trace_context import TraceContextTransport
     from retrieval.engines.vllm import VllmEngine
 
@@ -117,7 +118,7 @@ EMBEDDERS: dict[str, Callable[[EmbedderSettings, Path], Embedder]] = {
     "e5": _e5,
 }
 INDEXES: dict[str, Callable[[Path, int, IndexSettings], VectorIndex]] = {"faiss": _faiss}
-ENGINES: dict[str, Callable[[EngineSettings], Awaitable[Engine]]] = {
+ENGINES: dict[str, Callable[[EngineSettings, Path], Awaitable[Engine]]] = {
     "llamacpp": _llamacpp,
     "vllm": _vllm,
 }
@@ -140,7 +141,7 @@ async def load_second_embedder(settings: Settings) -> Embedder | None:
 
 
 async def load_engine(settings: Settings) -> Engine:
-    return await ENGINES[settings.engine.kind](settings.engine)
+    return await ENGINES[settings.engine.kind](settings.engine, settings.resolved_models_dir)
 
 
 def build_chroma_index(settings: Settings, dimension: int, namespace: str) -> VectorIndex:

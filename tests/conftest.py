@@ -158,10 +158,14 @@ def real_second_embedder(onnx_cache_dir: Path) -> Embedder:
 
 
 @pytest.fixture(scope="session")
-async def real_engine() -> Engine:
+async def real_engine(onnx_cache_dir: Path) -> Engine:
+    """The embedded engine as the service builds it (its plain-text tokenizer kept with
+    the converted models), in a 2,048-token context."""
     from retrieval.engines.llamacpp import LlamaCppEngine, default_model_path
 
-    return await LlamaCppEngine.loaded(default_model_path(), context_window=2048)
+    return await LlamaCppEngine.loaded(
+        default_model_path(), context_window=2048, tokenizer_dir=onnx_cache_dir
+    )
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -137,8 +138,18 @@ def whole(reference: Llama, text: str) -> list[int]:
     return list(reference.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
 
-async def test_a_text_has_the_tokens_of_the_whole_text(reference: Llama) -> None:
-    engine = await LlamaCppEngine.loaded(default_model_path(), context_window=2048, num_slots=1)
+@pytest.mark.parametrize("plain", [True, False], ids=["tokenizers", "llama.cpp"])
+async def test_a_text_has_the_tokens_of_the_whole_text(
+    reference: Llama, plain: bool, onnx_cache_dir: Path
+) -> None:
+    """By lines and whole, with the service's plain-text tokenizer and with llama.cpp's."""
+    engine = await LlamaCppEngine.loaded(
+        default_model_path(),
+        context_window=2048,
+        num_slots=1,
+        tokenizer_dir=onnx_cache_dir if plain else None,
+    )
+    assert (engine._plain is not None) == plain
     every = list(texts(4000))
     # Most texts are tokenised by lines: the joins are exercised, not only whole texts.
     assert sum(len(LINE_BREAK.split(text)) > 1 for text in every) > len(every) // 2

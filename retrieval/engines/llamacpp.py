@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 
 from retrieval.engines.chat_format import MessageOverhead, prepare, renders, template_markers
+from retrieval.engines.gguf_tokenizer import plain_tokenizer, takes
 from retrieval.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from retrieval.protocols import ChatMessage, Completion, SamplingParams, TextDelta
 
@@ -117,6 +118,7 @@ class LlamaCppEngine:
         timeout_s: float = 60.0,
         num_slots: int = 2,
         model_name: str | None = None,
+        tokenizer_dir: Path | None = None,
     ) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -159,6 +161,13 @@ class LlamaCppEngine:
         self._is_line_piecewise = (
             metadata.get("tokenizer.ggml.model") == "gpt2"
             and metadata.get("tokenizer.ggml.pre") in LINE_PIECEWISE
+        )
+        # Plain text by the `tokenizers` library where its ids are llama.cpp's (see
+        # `retrieval.engines.gguf_tokenizer`), kept under `tokenizer_dir`.
+        self._plain = (
+            plain_tokenizer(model_path, tokenizer_dir, self._llama_text_tokens)
+            if tokenizer_dir is not None
+            else None
         )
         self._accepts_system = True
         self._markers: frozenset[str] = frozenset()
@@ -277,6 +286,13 @@ class LlamaCppEngine:
         return tuple(tokens)
 
     def _text_tokens(self, text: str) -> tuple[int, ...]:
+        if self._plain is not None and takes(text):
+            # The batch call without offsets: a fifth faster than `encode` for one text.
+            (encoding,) = self._plain.encode_batch_fast([text], add_special_tokens=False)
+            return tuple(encoding.ids)
+        return self._llama_text_tokens(text)
+
+    def _llama_text_tokens(self, text: str) -> tuple[int, ...]:
         return tuple(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
     def _template_tokens(self, piece: str, is_first: bool) -> tuple[int, ...]:
