@@ -116,3 +116,20 @@ def test_a_tokenizer_that_differs_on_a_probe_is_not_used(
         return [*ids(reference, text), 0]
 
     assert plain_tokenizer(default_model_path(), onnx_cache_dir, off_by_one) is None
+
+
+def test_a_models_directory_that_cannot_be_written_still_gets_the_tokenizer(
+    reference: Llama, tmp_path: Path
+) -> None:
+    """Where nothing can be written (here a file stands where the directory would), the
+    tokenizer is built and used, and nothing is kept."""
+    blocked = tmp_path / "models"
+    blocked.write_text("not a directory")
+    tokenizer = plain_tokenizer(
+        default_model_path(), blocked / "cache", lambda t: ids(reference, t)
+    )
+    assert tokenizer is not None
+    assert tokenizer.encode("我对花生过敏。", add_special_tokens=False).ids == ids(
+        reference, "我对花生过敏。"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]

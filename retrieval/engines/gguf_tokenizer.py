@@ -24,6 +24,7 @@ written once next to the converted models (`<model stem>-<digest>.tokenizer.json
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -114,11 +115,21 @@ def plain_tokenizer(
         if built is None:
             return None
         tokenizer = built
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        tokenizer.save(str(partial))
-        partial.replace(path)
+        _keep(tokenizer, path)
     for probe in PROBES:
         if tokenizer.encode(probe, add_special_tokens=False).ids != list(reference(probe)):
             return None
     return tokenizer
+
+
+def _keep(tokenizer: Tokenizer, path: Path) -> None:
+    """Write the tokenizer to `path` atomically (processes starting at once each write
+    their own copy, the last one stays); where the directory cannot be written (models
+    provided read-only), it is used as built and built again at the next start."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        return
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    tokenizer.save(str(partial))
+    partial.replace(path)
