@@ -183,6 +183,15 @@ class StructuredEngine(Protocol):
 
 
 @runtime_checkable
+class BoundedEngine(Protocol):
+    """An engine that bounds a text's token count from below without tokenising it:
+    `min_tokens(text) <= count_tokens(text)` for every text, in microseconds. A prompt
+    section that is nearly full skips, uncounted, the candidates that cannot fit."""
+
+    def min_tokens(self, text: str) -> int: ...
+
+
+@runtime_checkable
 class MonitoredEngine(Protocol):
     """An engine behind a network hop: its health and its prefix-cache counters.
 

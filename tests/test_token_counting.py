@@ -9,11 +9,11 @@ every text whole.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from llama_cpp import Llama
 
@@ -207,6 +207,81 @@ async def test_a_turn_tokenises_its_lines_once_and_never_its_context_block_whole
     assert context.report.prompt_tokens == len(reference.tokenize(prompt, special=True))
     assert await engine.prompt_tokens(context.messages) == reference.tokenize(prompt, special=True)
     await engine.close()
+
+
+@pytest.fixture(scope="module")
+async def bounded() -> AsyncIterator[LlamaCppEngine]:
+    engine = await LlamaCppEngine.loaded(default_model_path(), context_window=2048, num_slots=1)
+    yield engine
+    await engine.close()
+
+
+def test_the_lower_bound_never_exceeds_the_count_of_the_corpus(
+    reference: Llama, bounded: LlamaCppEngine
+) -> None:
+    """`min_tokens` (the engine's bound, from its pre-tokeniser) on the corpus's texts, and
+    where it is tight."""
+    over = [t for t in texts(2000) if bounded.min_tokens(t) > len(whole(reference, t))]
+    assert over == []
+    examples = ("2024-06-15", "I'm here", "我对花生过敏", "naïve café", "")
+    assert [bounded.min_tokens(t) for t in examples] == [8, 3, 0, 2, 0]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(st.characters(codec="utf-8"), max_size=60))
+def test_the_lower_bound_never_exceeds_the_count_of_any_text(
+    reference: Llama, bounded: LlamaCppEngine, text: str
+) -> None:
+    assert bounded.min_tokens(text) <= len(whole(reference, text))
+
+
+async def test_a_full_section_passes_over_candidates_that_cannot_fit(
+    reference: Llama, onnx_cache_dir: Path
+) -> None:
+    """The memories a plan shows are the same with the bound as by counting each
+    candidate; fewer candidates are tokenised."""
+    engine = await LlamaCppEngine.loaded(
+        default_model_path(), context_window=2048, num_slots=1, tokenizer_dir=onnx_cache_dir
+    )
+
+    class Unbounded:
+        """The engine without its bound: every candidate counted."""
+
+        def __getattr__(self, name: str) -> object:
+            if name == "min_tokens":
+                raise AttributeError(name)
+            return getattr(engine, name)
+
+    try:
+        rng = random.Random(11)
+        found = plain_memories(rng, 1, 50)
+        budget = ContextBudget(
+            context_window=engine.context_window, reply_tokens=256, memory_max_tokens=384
+        )
+        sections = Sections(new_message="What should I cook tonight?", memories=found)
+        counted: list[str] = []
+        count = engine.count_tokens
+
+        async def recording(text: str) -> int:
+            counted.append(text)
+            return await count(text)
+
+        engine.count_tokens = recording  # type: ignore[method-assign]
+        bounded = await (await ContextAssembler.measured(engine, "Be helpful.")).plan(
+            sections, budget
+        )
+        with_bound = len(counted)
+        counted.clear()
+        every = await (await ContextAssembler.measured(Unbounded(), "Be helpful.")).plan(  # type: ignore[arg-type]
+            sections, budget
+        )
+        assert 3 < len(bounded.memories) < 40
+        assert bounded.memories == every.memories
+        assert bounded.window_room == every.window_room
+        # English candidates are passed over (the bound gives a line of Chinese nothing).
+        assert with_bound < len(counted)
+    finally:
+        await engine.close()
 
 
 @given(

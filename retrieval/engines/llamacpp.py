@@ -61,6 +61,14 @@ LINE_PIECEWISE = frozenset({"smollm"})
 # llama.cpp's white space and a few more characters (U+001C-U+001F), beside which a break
 # is merely not cut. Written from the break, so that `re` searches for it.
 LINE_BREAK = re.compile(r"\n(?<=\S\n)(?=\S|\Z)")
+# Under SmolLM's pre-tokeniser every digit is a pre-token of its own, and a pre-token that
+# holds letters holds one run of them (GPT-2's ` ?\p{L}+` or a contraction's `'s`); BPE
+# makes at least one token of each pre-token. Runs of ASCII letters and of characters
+# beyond ASCII (classed as letters or not: such a run is counted once at most) that hold
+# an ASCII letter are therefore distinct pre-tokens, and so are the ASCII digits.
+_LETTER_RUN = re.compile(r"[A-Za-z\u0080-\U0010ffff]+")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
+_DIGIT = re.compile(r"[0-9]")
 
 
 def default_model_path() -> Path:
@@ -155,6 +163,7 @@ class LlamaCppEngine:
         self._tokenize_line = cache(maxsize=16_384)(self._text_tokens)
         self._join_lines = cache(maxsize=16_384)(self._joined_tokens)
         self._tokenize_template = cache(maxsize=256)(self._template_tokens)
+        self._min_tokens = cache(maxsize=16_384)(self._lower_bound)
         # The template rendered with a placeholder per content depends only on the roles.
         self._render_holders = cache(maxsize=1_024)(self._holder_pieces)
         metadata = self._llama.metadata
@@ -220,6 +229,20 @@ class LlamaCppEngine:
     async def count_tokens(self, text: str) -> int:
         """In-process and cached: microseconds, inline."""
         return len(self._tokenize_text(text))
+
+    def min_tokens(self, text: str) -> int:
+        """At most the text's tokens (`BoundedEngine`): its ASCII digits and its runs of
+        letters that hold an ASCII letter, each at least a token under SmolLM's
+        pre-tokeniser (0 under another). Cached, as the counts are."""
+        return self._min_tokens(text) if self._is_line_piecewise else 0
+
+    def _lower_bound(self, text: str) -> int:
+        runs = _LETTER_RUN.findall(text)
+        if text.isascii():
+            letters = len(runs)
+        else:
+            letters = sum(1 for run in runs if run.isascii() or _ASCII_LETTER.search(run))
+        return letters + len(_DIGIT.findall(text))
 
     async def _full_count(self, messages: Sequence[ChatMessage]) -> int:
         return len(self.tokens_now(messages))

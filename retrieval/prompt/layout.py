@@ -51,7 +51,7 @@ from retrieval.prompt.render import (
     with_note,
 )
 from retrieval.prompt.report import AssembledContext, ContextReport, SectionTokens
-from retrieval.protocols import ChatMessage, Engine
+from retrieval.protocols import BoundedEngine, ChatMessage, Engine
 from retrieval.turns import SearchHit
 from storage.records import Fact, Turn
 
@@ -106,6 +106,8 @@ class ContextAssembler:
         stable_layout: bool = True,
     ) -> None:
         self._engine = engine
+        # A lower bound of a text's tokens where the engine has one (`BoundedEngine`).
+        self._min_tokens = engine.min_tokens if isinstance(engine, BoundedEngine) else None
         # False puts this turn's context in the system message, before the recent window
         # (to measure what the layout saves: the prefix then changes every turn).
         self._stable_layout = stable_layout
@@ -320,7 +322,17 @@ class ContextAssembler:
         groups: set[str] = set()
         used = await self._engine.count_tokens(header) + 2
         for item in items:
-            cost = await self._engine.count_tokens(line(item)) + 1
+            text = line(item)
+            room = limit - used
+            # A text of more characters than the room may not fit: where the engine's lower
+            # bound says it cannot, it is passed over without being tokenised, as its
+            # exact count would have it (a nearly full section skips the other candidates).
+            minimum = self._min_tokens
+            if minimum is not None and room <= len(text) and minimum(text) + 1 > room:
+                if in_order:
+                    break
+                continue
+            cost = await self._engine.count_tokens(text) + 1
             opening = group(item) if group is not None else None
             if opening is not None and opening not in groups:
                 cost += await self._engine.count_tokens(opening) + 1
