@@ -23,6 +23,7 @@ import pytest
 
 from app.adapters import load_embedder, load_second_embedder
 from app.settings import EmbedderSettings, Settings
+from retrieval.digests import file_digest
 from retrieval.embedders.e5 import (
     DEFAULT_MODEL_NAME,
     PASSAGE_PREFIX,
@@ -31,7 +32,7 @@ from retrieval.embedders.e5 import (
     E5Tokenizer,
     default_model_path,
 )
-from retrieval.embedders.e5_weights import E5ModelFile, Vocabulary, dequantize_q4, file_digest
+from retrieval.embedders.e5_weights import E5ModelFile, Vocabulary, dequantize_q4
 from retrieval.protocols import QueryEmbedder
 from tests.test_word_table import mapped_files
 

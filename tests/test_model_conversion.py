@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from retrieval.digests import file_digest
 from retrieval.embedders.apart import run_apart
 from retrieval.embedders.e5 import DEFAULT_MODEL_NAME, default_model_path
-from retrieval.embedders.e5_weights import file_digest
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -42,9 +42,10 @@ from typing import Any
 import anyio
 import numpy as np
 
+from retrieval.digests import file_digest
 from retrieval.embedders.apart import convert_once
 from retrieval.embedders.bf16 import Bf16Transformer
-from retrieval.embedders.e5_weights import LAYER_TENSORS, E5ModelFile, Vocabulary, file_digest
+from retrieval.embedders.e5_weights import LAYER_TENSORS, E5ModelFile, Vocabulary
 from retrieval.embedders.onnx import (
     BULK_MIN_TEXTS,
     OnnxHiddenState,

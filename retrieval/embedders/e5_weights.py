@@ -23,7 +23,6 @@ an fp32 network on the dequantised weights therefore gives vectors close to the 
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -97,15 +96,6 @@ class _Reader:
         chunk = bytes(self.data[self.offset : self.offset + size])
         self.offset += size
         return chunk
-
-
-def file_digest(path: Path) -> str:
-    """The first 16 hex digits of the file's SHA-256: names what is derived from it."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def dequantize_q4(raw: bytes | memoryview, rows: int, columns: int) -> np.ndarray:

@@ -25,12 +25,13 @@ written once next to the converted models (`<model stem>-<digest>.tokenizer.json
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers
+
+from retrieval.digests import file_digest
 
 # llama.cpp's pre-tokeniser (`tokenizer.ggml.pre`) -> the same split in `tokenizers`.
 PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
@@ -65,13 +66,8 @@ def takes(text: str) -> bool:
 
 
 def tokenizer_file(model_path: Path, cache_dir: Path) -> Path:
-    """Where the model's tokenizer is kept: named by the first 16 hex digits of the
-    file's SHA-256, so another file under the same name gets its own."""
-    digest = hashlib.sha256()
-    with model_path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return cache_dir / f"{model_path.stem}-{digest.hexdigest()[:16]}.tokenizer.json"
+    """Where the model's tokenizer is kept: named by the file's digest."""
+    return cache_dir / f"{model_path.stem}-{file_digest(model_path)}.tokenizer.json"
 
 
 def build_tokenizer(model_path: Path) -> Tokenizer | None:
