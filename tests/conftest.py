@@ -22,6 +22,8 @@ from tests.fakes import HashEmbedder, ScriptedEngine
 from tests.live import MODELS_DIR
 
 if TYPE_CHECKING:
+    from llama_cpp import Llama
+
     from tests.vllm_servers import ServerPool
 
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -166,6 +168,17 @@ async def real_engine(onnx_cache_dir: Path) -> Engine:
     return await LlamaCppEngine.loaded(
         default_model_path(), context_window=2048, tokenizer_dir=onnx_cache_dir
     )
+
+
+@pytest.fixture(scope="session")
+def reference() -> Llama:
+    """A vocabulary-only copy of the embedded model in llama.cpp: the tokens the engine's
+    counts are checked against (`tests.test_token_counting.whole`)."""
+    from llama_cpp import Llama
+
+    from retrieval.engines.llamacpp import default_model_path
+
+    return Llama(model_path=str(default_model_path()), vocab_only=True, verbose=False)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from retrieval.engines import gguf_tokenizer
 from retrieval.engines.gguf_tokenizer import plain_tokenizer, takes, tokenizer_file
 from retrieval.engines.llamacpp import LlamaCppEngine, default_model_path
+from tests.test_token_counting import whole
 
 pytestmark = pytest.mark.model
 
@@ -28,19 +29,10 @@ DIVERGENT = "\u180e\U000b7709"
 
 
 @pytest.fixture(scope="module")
-def reference() -> Llama:
-    return Llama(model_path=str(default_model_path()), vocab_only=True, verbose=False)
-
-
-@pytest.fixture(scope="module")
 def plain(reference: Llama, onnx_cache_dir: Path) -> Tokenizer:
-    tokenizer = plain_tokenizer(default_model_path(), onnx_cache_dir, lambda t: ids(reference, t))
+    tokenizer = plain_tokenizer(default_model_path(), onnx_cache_dir, lambda t: whole(reference, t))
     assert tokenizer is not None
     return tokenizer
-
-
-def ids(reference: Llama, text: str) -> list[int]:
-    return list(reference.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
 
 def test_every_printable_character_gets_llamas_ids(reference: Llama, plain: Tokenizer) -> None:
@@ -54,7 +46,7 @@ def test_every_printable_character_gets_llamas_ids(reference: Llama, plain: Toke
     ]
     assert all(takes(text) for text in texts)
     encoded = plain.encode_batch(texts, add_special_tokens=False)
-    wrong = [t for t, e in zip(texts, encoded, strict=True) if e.ids != ids(reference, t)]
+    wrong = [t for t, e in zip(texts, encoded, strict=True) if e.ids != whole(reference, t)]
     assert wrong == []
 
 
@@ -69,12 +61,12 @@ def test_every_printable_character_gets_llamas_ids(reference: Llama, plain: Toke
 )
 def test_printable_texts_get_llamas_ids(reference: Llama, plain: Tokenizer, text: str) -> None:
     if takes(text):
-        assert plain.encode(text, add_special_tokens=False).ids == ids(reference, text)
+        assert plain.encode(text, add_special_tokens=False).ids == whole(reference, text)
 
 
 def test_texts_with_other_white_space_go_to_llama_cpp(reference: Llama, plain: Tokenizer) -> None:
     """The two libraries differ on such a text; the engine tokenises it with llama.cpp."""
-    assert plain.encode(DIVERGENT, add_special_tokens=False).ids != ids(reference, DIVERGENT)
+    assert plain.encode(DIVERGENT, add_special_tokens=False).ids != whole(reference, DIVERGENT)
     assert [takes(t) for t in ("a\tb", "a\rb", "a\x85b", "a\u2029b", "a\ufeffb")] == [False] * 5
     assert [takes(t) for t in ("a b\nc", "我对花生过敏。", "😀 1,000", "")] == [True] * 4
 
@@ -88,8 +80,8 @@ async def test_the_engine_counts_as_llama_cpp_and_keeps_its_tokenizer(
     try:
         assert engine._plain is not None
         for text in (f"a{DIVERGENT}b", "I'm allergic to peanuts.\n我对花生过敏。", "tab\there"):
-            assert list(engine._tokenize_text(text)) == ids(reference, text)
-            assert await engine.count_tokens(text) == len(ids(reference, text))
+            assert list(engine._tokenize_text(text)) == whole(reference, text)
+            assert await engine.count_tokens(text) == len(whole(reference, text))
     finally:
         await engine.close()
     # Written once, named by the file's digest; a later start reads it, not the GGUF.
@@ -113,7 +105,7 @@ def test_a_tokenizer_that_differs_on_a_probe_is_not_used(
     reference: Llama, onnx_cache_dir: Path
 ) -> None:
     def off_by_one(text: str) -> list[int]:
-        return [*ids(reference, text), 0]
+        return [*whole(reference, text), 0]
 
     assert plain_tokenizer(default_model_path(), onnx_cache_dir, off_by_one) is None
 
@@ -126,10 +118,10 @@ def test_a_models_directory_that_cannot_be_written_still_gets_the_tokenizer(
     blocked = tmp_path / "models"
     blocked.write_text("not a directory")
     tokenizer = plain_tokenizer(
-        default_model_path(), blocked / "cache", lambda t: ids(reference, t)
+        default_model_path(), blocked / "cache", lambda t: whole(reference, t)
     )
     assert tokenizer is not None
-    assert tokenizer.encode("我对花生过敏。", add_special_tokens=False).ids == ids(
+    assert tokenizer.encode("我对花生过敏。", add_special_tokens=False).ids == whole(
         reference, "我对花生过敏。"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]

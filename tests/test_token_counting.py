@@ -129,11 +129,6 @@ def texts(count: int) -> Iterator[str]:
         yield new_message_with_context(rng) if i % 4 == 0 else joined_entries(rng)
 
 
-@pytest.fixture(scope="module")
-def reference() -> Llama:
-    return Llama(model_path=str(default_model_path()), vocab_only=True, verbose=False)
-
-
 def whole(reference: Llama, text: str) -> list[int]:
     return list(reference.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
