@@ -13,6 +13,7 @@ import pytest
 from retrieval.digests import file_digest
 from retrieval.embedders.apart import run_apart
 from retrieval.embedders.e5 import DEFAULT_MODEL_NAME, default_model_path
+from retrieval.embedders.onnx import quantize_int8
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,6 +37,44 @@ def test_a_call_apart_runs_in_another_process_and_brings_back_its_result() -> No
 def test_a_call_apart_brings_back_its_exception() -> None:
     with pytest.raises(ValueError, match="invalid literal for int"):
         run_apart(int, "seventeen")
+
+
+def small_model(path: Path) -> None:
+    """A one-layer ONNX model (x @ W + b) at `path`: the quantiser has a weight to take."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_quantisation_writes_nothing_beside_its_source(tmp_path: Path) -> None:
+    """Processes of one first start quantise the same source at once: a file the quantiser
+    wrote beside it under a fixed name (its shape-inferred copy, deleted after) would be
+    another process's too, deleted under it (a start failed so on a fresh models
+    directory). The other process's file is left alone and nothing else appears."""
+    import onnx
+
+    source = tmp_path / "model.onnx"
+    small_model(source)
+    busy = tmp_path / "model-inferred.onnx"
+    busy.write_bytes(b"another process's copy")
+    target = tmp_path / "int8" / "model-int8.onnx"
+    quantize_int8(source, target)
+    assert busy.read_bytes() == b"another process's copy"
+    beside = sorted(p.name for p in tmp_path.iterdir())
+    assert beside == ["int8", "model-inferred.onnx", "model.onnx"]
+    assert [p.name for p in target.parent.iterdir()] == ["model-int8.onnx"]
+    quantised = onnx.load(target)
+    assert "MatMulInteger" in {node.op_type for node in quantised.graph.node}
 
 
 @pytest.mark.model

@@ -94,6 +94,7 @@ def quantize_int8(source: Path, target: Path, *, reduce_range: bool = False) -> 
     `reduce_range`: weights in 7 bits, so that the 8-bit products cannot saturate on a CPU
     without VNNI (AVX2 pairs them in 16-bit sums: there full 8-bit weights put some
     vectors at cosine 0.985 of fp32's instead of >= 0.993)."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +104,12 @@ def quantize_int8(source: Path, target: Path, *, reduce_range: bool = False) -> 
     # a service's first start, not news.
     logging.disable(logging.WARNING)
     try:
+        # The model, not its path: given a path, the quantiser writes its shape-inferred
+        # copy beside the source under a fixed name and deletes it after, so processes
+        # converting on one first start at once would delete each other's copy; given the
+        # model, it keeps that copy in a directory of its own.
         quantize_dynamic(
-            source,
+            onnx.load(source),
             tmp_path,
             weight_type=QuantType.QInt8,
             per_channel=True,
