@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 
     from tests.vllm_servers import ServerPool
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run in parallel (`make test`: pytest-xdist, `--dist loadgroup`), every real-vLLM test
+    goes to one worker: they share that worker's servers (`vllm_pool`), started once, and no
+    two workers load vLLM on the CPU at once."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
 POSTGRES_ADMIN_URL = os.environ.get(
     "MEMCHAT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 )
