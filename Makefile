@@ -121,12 +121,12 @@ bench-peers: install-dev peers
 	$(BIN)/python bench/peers.py --json bench/results/peers.json \
 		--markdown bench/results/peers.md --plot bench/results/peers.png
 
-# Two workers (pytest-xdist): most tests wait on a server, a process or a disk about half of
-# their time, so two at once take the second core; every real-vLLM test goes to one worker,
-# which starts the run's vLLM servers once (tests/conftest.py). TEST_WORKERS=0: one process.
+# Two workers (pytest-xdist): much of the suite waits on a server, a process or the disk, so
+# two at once take the second core; every real-vLLM test goes to one worker, which starts
+# the run's vLLM servers once (tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: lint vllm browser haproxy tmux peers
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=30
 
 # schemathesis over every operation with 100 examples each (make test runs 20).
 fuzz: install-dev

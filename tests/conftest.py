@@ -5,7 +5,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from litestar.testing import AsyncTestClient
@@ -27,13 +27,44 @@ if TYPE_CHECKING:
     from tests.vllm_servers import ServerPool
 
 
+# The modules of the tests on real vLLM servers (marked `vllm`): run in parallel, they go to
+# one worker (below), which starts the run's servers (`vllm_pool`) once.
+VLLM_MODULES = frozenset(
+    {"tests/test_stack_local.py", "tests/test_vllm_engine.py", "tests/test_vllm_templates.py"}
+)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs two workers (pytest-xdist), each module a unit of work (its tests
+    in order, its module fixtures made once, as in one process), but the vLLM modules
+    together: one unit, sent first (it takes longest). (`--dist loadgroup` would group
+    them by `xdist_group` marks, but those are lost under pytest 9.2: pytest-xdist issue
+    1386.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class VllmFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.partition("::")[0]
+            return "vllm" if module in VLLM_MODULES else module
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if "vllm" in self.workqueue:
+                self.workqueue.move_to_end("vllm", last=False)
+            super()._assign_work_unit(node)
+
+    return VllmFirst(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run in parallel (`make test`: pytest-xdist, `--dist loadgroup`), every real-vLLM test
-    goes to one worker: they share that worker's servers (`vllm_pool`), started once, and no
-    two workers load vLLM on the CPU at once."""
-    for item in items:
-        if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
+    stray = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("vllm") is not None
+        and item.nodeid.partition("::")[0] not in VLLM_MODULES
+    ]
+    if stray:
+        raise pytest.UsageError(f"tests marked vllm outside VLLM_MODULES: {stray[:3]}")
 
 
 POSTGRES_ADMIN_URL = os.environ.get(

@@ -220,6 +220,9 @@ async def test_the_async_retriever_in_chinese(async_client: AsyncMemchatClient) 
 def test_server_refusals_surface_as_the_clients_typed_errors(
     client: MemchatClient, server: Server
 ) -> None:
+    # Alice exists whichever of the module's tests ran before (or none did): only the
+    # refusals below are tested.
+    client.create_session("alice")
     with pytest.raises(NotFoundError) as missing:
         MemchatChatMessageHistory(client, "no-such-session").add_user_message("hello")
     assert missing.value.detail == "session 'no-such-session' not found"

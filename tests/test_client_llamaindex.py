@@ -133,6 +133,9 @@ async def test_the_memory_block_stores_what_memory_flushes_and_recalls_it(
 def test_server_refusals_surface_as_the_clients_typed_errors(
     client: MemchatClient, server: Server
 ) -> None:
+    # Alice exists whichever of the module's tests ran before (or none did): only the
+    # refusals below are tested.
+    client.create_session("alice")
     with pytest.raises(NotFoundError) as missing:
         MemchatRetriever(client, "alice", session_id="no-such-session").retrieve("x")
     assert missing.value.detail == "session 'no-such-session' not found"
