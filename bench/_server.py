@@ -15,7 +15,11 @@ from pathlib import Path
 import httpx
 
 # Converted models (ONNX exports) kept between runs: converting e5 takes a minute.
-MODELS_CACHE = Path.home() / ".cache" / "memchat" / "models"
+# `MEMCHAT_MODELS_DIR` says where, for the benchmarks that build the service themselves
+# too (as the service's own setting does).
+MODELS_CACHE = Path(
+    os.environ.get("MEMCHAT_MODELS_DIR") or Path.home() / ".cache" / "memchat" / "models"
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +34,7 @@ def start_server(
     env |= {
         "MEMCHAT_DATA_DIR": str(data_dir),
         # Converted models kept between runs, as the in-process service keeps them.
-        "MEMCHAT_MODELS_DIR": os.environ.get("MEMCHAT_MODELS_DIR", str(MODELS_CACHE)),
+        "MEMCHAT_MODELS_DIR": str(MODELS_CACHE),
         "MEMCHAT_PORT": str(port),
         "MEMCHAT_LOG_LEVEL": "warning",
         **(extra_env or {}),
