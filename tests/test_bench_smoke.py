@@ -23,6 +23,8 @@ pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("MEMCHAT_TEST_BENCH_DATA") or ROOT.parent / "shared" / "data")
 SMALL_STORE = ROOT / "bench" / "labelled" / "small_store.jsonl"
+# The session of each turn an evidence item names (bench/locomo.py: `_DIA_ID`).
+EVIDENCE_SESSION = re.compile(r"D(\d+)\s*:")
 
 
 def bench(script: str, *args: str | Path, out: Path) -> dict:
@@ -63,11 +65,15 @@ def locomo_slice(path: Path, sessions: int, questions: int) -> None:
         if not key.startswith("session_")
         or int(re.match(r"session_(\d+)", key).group(1)) <= sessions  # type: ignore[union-attr]
     }
+    # An evidence item may name several turns ("D8:6; D9:17"), as bench/locomo.py reads it.
+    said_in = [
+        [int(n) for named in qa.get("evidence", []) for n in EVIDENCE_SESSION.findall(named)]
+        for qa in item["qa"]
+    ]
     held = [
         qa
-        for qa in item["qa"]
-        if qa.get("evidence")
-        and all(int(e.split(":")[0].lstrip("D")) <= sessions for e in qa["evidence"])
+        for qa, found in zip(item["qa"], said_in, strict=True)
+        if found and max(found) <= sessions
     ]
     sliced = {**item, "conversation": conversation, "qa": held[:questions]}
     path.write_text(json.dumps([sliced]), encoding="utf-8")

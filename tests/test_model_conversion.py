@@ -40,7 +40,7 @@ def test_a_call_apart_brings_back_its_exception() -> None:
 
 
 def small_model(path: Path) -> None:
-    """A one-layer ONNX model (x @ W + b) at `path`: the quantiser has a weight to take."""
+    """A one-layer ONNX model (x @ W) at `path`: the quantiser has a weight to take."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
