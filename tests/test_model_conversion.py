@@ -98,3 +98,35 @@ def test_a_first_start_quantises_e5_in_a_child_and_imports_no_converter(
         f"{stem}.onnx",
         f"{stem}.words.npy",
     ]
+
+
+MINILM_FIRST_START = """
+import sys
+from pathlib import Path
+from retrieval.embedders.onnx import OnnxQueryEmbedder
+from retrieval.embedders.sentence_transformers import default_model_path
+OnnxQueryEmbedder(default_model_path(), "all-MiniLM-L6-v2", Path(sys.argv[1]))
+print(" ".join(sorted(name for name in sys.argv[2:] if name in sys.modules)) or "none")
+"""
+
+
+@pytest.mark.model
+def test_a_first_start_makes_minilms_query_graph_and_word_table_in_children(
+    onnx_cache_dir: Path, tmp_path: Path
+) -> None:
+    (export,) = onnx_cache_dir.glob("all-MiniLM-L6-v2-????????????????.onnx")
+    os.link(export, tmp_path / export.name)
+    done = subprocess.run(
+        [sys.executable, "-c", MINILM_FIRST_START, str(tmp_path), *CONVERTERS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert done.stdout.split("\n")[-2] == "none"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{export.stem}-int8-7bit.onnx",
+        export.name,
+        f"{export.stem}.vocabulary.npy",
+    ]

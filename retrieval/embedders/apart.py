@@ -1,12 +1,13 @@
 """Model conversions run in a process of their own.
 
 A service's first start converts its models (the transformer to ONNX, e5's 4-bit file to
-a graph and a word table, a graph to 8 bits): torch, the model built in it and the
-exporter's buffers take hundreds of MiB, and a process keeps most of them after it is
-done (freed blocks stay in the allocator; modules stay imported). Converted in a child
-process, they are given back when the child ends, and the service holds only what it
-loads from the converted files: the same resident memory on the first start as on every
-later one (bench/RESULTS.md measured +560 MiB the first time without this).
+a graph and a word table, a graph to 8 bits, MiniLM's vocabulary to word vectors): torch,
+the model built in it and the exporter's buffers take hundreds of MiB, and a process
+keeps most of them after it is done (freed blocks stay in the allocator; modules stay
+imported). Converted in a child process, they are given back when the child ends, and
+the service holds only what it loads from the converted files: the same resident memory
+on the first start as on every later one (bench/RESULTS.md measured +560 MiB the first
+time without this).
 
 The child is spawned, not forked: a fork would copy the parent's threads' locks (ONNX
 Runtime's and the event loop's) in whatever state they were.

@@ -40,7 +40,13 @@ from retrieval.fusion import (
 )
 from retrieval.indexes.files import read_or_none, seal, unseal, write_atomic
 from retrieval.indexes.reconcile import reconcile
-from retrieval.protocols import Embedder, QueryEmbedder, ScoredId, VectorIndex
+from retrieval.protocols import (
+    Embedder,
+    QueryEmbedder,
+    ScoredId,
+    VectorIndex,
+    VocabularyEmbedder,
+)
 from retrieval.search.expansion import NeighbourConfig, WordNeighbours
 from retrieval.search.focus import focus_of
 from retrieval.search.indexed_text import (
@@ -371,7 +377,7 @@ class TurnMemory:
         search would otherwise embed (related words) made in the same call, so that the
         search itself embeds nothing."""
         query = searched_text(query)
-        words = self._neighbours.words_to_embed(user_pk, query)
+        words = self._words_to_embed(user_pk, query)
         pieces = self._queries.missing(self._pieces_of(query))
         if isinstance(self._embedder, QueryEmbedder):
             await self._embed_second_query(query)
@@ -407,7 +413,7 @@ class TurnMemory:
             first = mean_of_pieces(await self.embed(own), [len(own)])[0]
             return asked, TurnVectors(first, second)
         query = searched_text(query)
-        words = self._neighbours.words_to_embed(turn.user_pk, query)
+        words = self._words_to_embed(turn.user_pk, query)
         pieces = self._queries.missing(self._pieces_of(query))
         vectors = await self.embed([query, *pieces, *words, *own])
         await self._embed_second_query(query)
@@ -416,6 +422,31 @@ class TurnMemory:
         self._neighbours.give_vectors(turn.user_pk, words, vectors[1 + len(pieces) : num_asked])
         first = mean_of_pieces(vectors[num_asked:], [len(own)])[0]
         return vectors[0], TurnVectors(first, second)
+
+    def _words_to_embed(self, user_pk: int, query: str) -> list[str]:
+        """The query's words that its search would embed (`WordNeighbours.words_to_embed`)
+        less those whose vectors the embedder's vocabulary holds, which are handed over
+        now."""
+        words = self._neighbours.words_to_embed(user_pk, query)
+        if not words or not isinstance(self._embedder, VocabularyEmbedder):
+            return words
+        if known := self._embedder.vocabulary_vectors(words):
+            self._neighbours.give_vectors(user_pk, list(known), np.stack(list(known.values())))
+        return [word for word in words if word not in known]
+
+    async def _embed_words(self, words: Sequence[str]) -> np.ndarray:
+        """Vectors of single words (query expansion's): from the embedder's vocabulary
+        where it holds them, by the model otherwise, as `embed` makes them either way."""
+        known = (
+            self._embedder.vocabulary_vectors(words)
+            if isinstance(self._embedder, VocabularyEmbedder)
+            else {}
+        )
+        missing = [word for word in words if word not in known]
+        if not missing:
+            return np.stack([known[word] for word in words]) if words else await self.embed([])
+        made = dict(zip(missing, await self.embed(missing), strict=True))
+        return np.stack([known[word] if word in known else made[word] for word in words])
 
     async def dense_query(self, query: str, vector: np.ndarray) -> DenseQuery:
         """A query as the dense lists of facts and knowledge search it: `vector` (its
@@ -697,7 +728,7 @@ class TurnMemory:
             if self._needs_texts:
                 self._add_texts(user_pk, [t for t in turns if t.user_pk == user_pk], ordered)
                 # Their new words now, rather than in the user's next search.
-                await self._neighbours.embed_pending(user_pk, self.embed)
+                await self._neighbours.embed_pending(user_pk, self._embed_words)
             new = versions.get(user_pk)
             if new is not None and self._versions.get(user_pk) == new - 1:
                 # Only this write happened since the scope was current: it still is.
@@ -905,7 +936,7 @@ class TurnMemory:
         self, user_pk: int, query: str, exclude: Collection[int]
     ) -> dict[str, float]:
         """The weighted lexical terms of a query: its own, related words, feedback."""
-        related = await self._neighbours.related(user_pk, query, self.embed)
+        related = await self._neighbours.related(user_pk, query, self._embed_words)
         return self._lexical.query_weights(
             user_pk, query, related.weights, exclude, sources=related.sources
         )
