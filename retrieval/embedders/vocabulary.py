@@ -9,7 +9,8 @@ two cores) into the models directory, then read instead of running the model. A 
 the vocabulary splits into pieces ("educaton", "vivaldi") is still embedded.
 
 The table is a `.npy` file of one row per token id (rows of tokens that are not whole
-words are zeros), mapped read-only: only the pages of rows read are loaded.
+words are zeros), read row by row (`WordTable`: never mapped, so the process's resident
+memory holds none of it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from retrieval.embedders.word_table import WordTable
 
 # Words embedded per pass when the table is made (all three tokens long: no padding).
 BATCH_SIZE = 256
@@ -72,7 +75,7 @@ class VocabularyVectors:
     with the same tokenizer and model."""
 
     def __init__(self, path: Path, tokenizer: Any) -> None:
-        self._table = np.load(path, mmap_mode="r")
+        self._table = WordTable(path)
         if self._table.shape[0] != tokenizer.get_vocab_size():
             raise ValueError(f"{path} holds {self._table.shape[0]} rows, not one per token")
         self._tokenizer = tokenizer
@@ -82,11 +85,12 @@ class VocabularyVectors:
         out (to be embedded)."""
         if not words:
             return {}
-        found = {}
+        single = {}
         for word, encoding in zip(words, self._tokenizer.encode_batch(list(words)), strict=True):
             ids = _content_ids(encoding.ids, encoding.special_tokens_mask)
             if len(ids) == 1:
-                row = np.array(self._table[ids[0]], dtype=np.float32)
-                if row.any():
-                    found[word] = row
-        return found
+                single[word] = ids[0]
+        if not single:
+            return {}
+        rows = self._table[np.asarray(list(single.values()))]
+        return {word: row for word, row in zip(single, rows, strict=True) if row.any()}
