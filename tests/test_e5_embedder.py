@@ -294,7 +294,9 @@ async def test_the_settings_choose_it_by_kind_and_the_export_is_reused(
     settings = Settings(data_dir=tmp_path, embedder=EmbedderSettings(kind="e5", precision="fp32"))
     embedder = await load_embedder(settings)
     assert exported.stat().st_mtime_ns == before
+    # Only the queries' 8-bit graph is made (the default query precision).
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [
+        f"{stem}-int8-7bit.onnx",
         exported.name,
         words.name,
     ]

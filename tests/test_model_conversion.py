@@ -77,6 +77,20 @@ def test_a_quantisation_writes_nothing_beside_its_source(tmp_path: Path) -> None
     assert "MatMulInteger" in {node.op_type for node in quantised.graph.node}
 
 
+def converters_imported(script: str, models_dir: Path) -> str:
+    """The converters (`CONVERTERS`) that a first start, `script` in a process of its own
+    on `models_dir`, imported: "none" where it imported none."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(models_dir), *CONVERTERS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return done.stdout.split("\n")[-2]
+
+
 @pytest.mark.model
 def test_a_first_start_quantises_e5_in_a_child_and_imports_no_converter(
     onnx_cache_dir: Path, tmp_path: Path
@@ -84,15 +98,7 @@ def test_a_first_start_quantises_e5_in_a_child_and_imports_no_converter(
     stem = f"{DEFAULT_MODEL_NAME}-{file_digest(default_model_path())}"
     for name in (f"{stem}.onnx", f"{stem}.words.npy"):
         os.link(onnx_cache_dir / name, tmp_path / name)
-    done = subprocess.run(
-        [sys.executable, "-c", FIRST_START, str(tmp_path), *CONVERTERS],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    assert done.stdout.split("\n")[-2] == "none"
+    assert converters_imported(FIRST_START, tmp_path) == "none"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"{stem}-int8-7bit.onnx",
         f"{stem}.onnx",
@@ -116,15 +122,7 @@ def test_a_first_start_makes_minilms_query_graph_and_word_table_in_children(
 ) -> None:
     (export,) = onnx_cache_dir.glob("all-MiniLM-L6-v2-????????????????.onnx")
     os.link(export, tmp_path / export.name)
-    done = subprocess.run(
-        [sys.executable, "-c", MINILM_FIRST_START, str(tmp_path), *CONVERTERS],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    assert done.stdout.split("\n")[-2] == "none"
+    assert converters_imported(MINILM_FIRST_START, tmp_path) == "none"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"{export.stem}-int8-7bit.onnx",
         export.name,

@@ -118,9 +118,9 @@ FACT_QUERIES = [
     ("我开的是什么车？", [3, 2, 0, 4, 5, 1]),
     ("Which city do I work in?", [3, 1, 2, 0, 4, 5]),
     ("What do I like to do on weekends?", [4, 1, 2, 0, 3, 5]),
-    # A miss: the penicillin allergy first, 我不吃猪肉。 second (first on an AVX-512
-    # host with the earlier 8-bit query graph).
-    ("Is there a meat I don't eat?", [0, 5, 2, 3, 4, 1]),
+    # 我不吃猪肉。 first, the penicillin allergy a close second (MiniLM's query in fp32
+    # puts the allergy first: a miss).
+    ("Is there a meat I don't eat?", [5, 0, 2, 3, 4, 1]),
 ]
 
 
