@@ -54,7 +54,7 @@ from retrieval.embedders.onnx import (
     mean_pool,
     pad_rows,
     pick_hidden_state,
-    quantize_int8,
+    query_graph,
     release_freed_memory,
 )
 from retrieval.embedders.word_table import WordTable
@@ -284,9 +284,7 @@ class E5Embedder:
         # changes, never what is stored, so the stored vectors keep their model's name.
         self._query_hidden_state = self._onnx_hidden_state
         if int8_queries:
-            # 7-bit weights (`reduce_range`): as close to fp32 on CPUs without VNNI as with.
-            quantized = onnx_path.with_name(f"{onnx_path.stem}-int8-7bit.onnx")
-            convert_once((quantized,), quantize_int8, onnx_path, quantized, reduce_range=True)
+            quantized = query_graph(onnx_path)
             # The copy of earlier versions (full 8-bit weights) is not read again.
             onnx_path.with_name(f"{onnx_path.stem}-int8.onnx").unlink(missing_ok=True)
             self._query_hidden_state = OnnxHiddenState(

@@ -428,25 +428,26 @@ class TurnMemory:
         less those whose vectors the embedder's vocabulary holds, which are handed over
         now."""
         words = self._neighbours.words_to_embed(user_pk, query)
-        if not words or not isinstance(self._embedder, VocabularyEmbedder):
-            return words
-        if known := self._embedder.vocabulary_vectors(words):
+        if known := self._vocabulary_vectors(words):
             self._neighbours.give_vectors(user_pk, list(known), np.stack(list(known.values())))
         return [word for word in words if word not in known]
 
     async def _embed_words(self, words: Sequence[str]) -> np.ndarray:
         """Vectors of single words (query expansion's): from the embedder's vocabulary
         where it holds them, by the model otherwise, as `embed` makes them either way."""
-        known = (
-            self._embedder.vocabulary_vectors(words)
-            if isinstance(self._embedder, VocabularyEmbedder)
-            else {}
-        )
-        missing = [word for word in words if word not in known]
-        if not missing:
-            return np.stack([known[word] for word in words]) if words else await self.embed([])
-        made = dict(zip(missing, await self.embed(missing), strict=True))
-        return np.stack([known[word] if word in known else made[word] for word in words])
+        if not words:
+            return await self.embed([])
+        known = self._vocabulary_vectors(words)
+        if missing := [word for word in words if word not in known]:
+            known.update(zip(missing, await self.embed(missing), strict=True))
+        return np.stack([known[word] for word in words])
+
+    def _vocabulary_vectors(self, words: Sequence[str]) -> dict[str, np.ndarray]:
+        """The words whose vectors the embedder reads from its vocabulary (`VocabularyEmbedder`),
+        with them; none for another embedder."""
+        if not words or not isinstance(self._embedder, VocabularyEmbedder):
+            return {}
+        return self._embedder.vocabulary_vectors(words)
 
     async def dense_query(self, query: str, vector: np.ndarray) -> DenseQuery:
         """A query as the dense lists of facts and knowledge search it: `vector` (its
