@@ -19,10 +19,21 @@ def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
 
     # An int8 model embeds queries in 8 bits already.
     queries_apart = config.query_precision == "int8" and config.precision != "int8"
-    embedder = OnnxQueryEmbedder if queries_apart else OnnxEmbedder
-    return embedder(
-        config.model_path or default_model_path(),
-        config.model_name or DEFAULT_MODEL_NAME,
+    model_path = config.model_path or default_model_path()
+    model_name = config.model_name or DEFAULT_MODEL_NAME
+    if queries_apart:
+        return OnnxQueryEmbedder(
+            model_path,
+            model_name,
+            cache_dir,
+            batch_size=config.batch_size,
+            num_threads=config.num_threads,
+            bf16_bulk=bf16_path_for(config.precision),
+            query_threads=config.query_threads,
+        )
+    return OnnxEmbedder(
+        model_path,
+        model_name,
         cache_dir,
         batch_size=config.batch_size,
         num_threads=config.num_threads,
@@ -71,6 +82,7 @@ def _e5(config: EmbedderSettings, cache_dir: Path) -> Embedder:
         num_threads=config.num_threads,
         bf16_bulk=bf16_path_for(config.precision),
         int8_queries=config.query_precision == "int8",
+        query_threads=config.query_threads,
     )
 
 

@@ -44,6 +44,10 @@ class EmbedderSettings(BaseModel):
     # 8-bit weights (7-bit range), about half the time of fp32 for a question, vectors at
     # cosine about 0.99 of fp32's; stored vectors and their model name are unchanged.
     query_precision: Literal["fp32", "int8"] = "int8"
+    # Threads of that 8-bit query graph: a question's few dozen tokens are embedded
+    # fastest in one (ONNX Runtime wakes a second thread for each of the graph's few
+    # hundred steps; two threads win from about 200 tokens: bench/RESULTS.md).
+    query_threads: int = Field(1, ge=1)
     # Whether the model reads Chinese, Japanese and Korean; None = the kind's own model's
     # (all-MiniLM-L6-v2: no, English only; multilingual-e5-small: yes). Set it for another
     # model: a query in those scripts then weighs the dense side as any other

@@ -342,6 +342,8 @@ async def test_the_second_list_quantises_its_query_graph_once(
     settings = Settings(data_dir=tmp_path)
     assert settings.second_embedder.query_precision == "int8"
     first = await load_second_embedder(settings)
+    # In one thread, as the first embedder's (`QUERY_THREADS`).
+    assert isinstance(first, E5Embedder) and first.query_threads == 1
     quantised = tmp_path / "models" / f"{stem}-int8-7bit.onnx"
     made = quantised.stat().st_mtime_ns
     second = await load_second_embedder(settings)

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.adapters import load_embedder
+from app.settings import EmbedderSettings, Settings
 from retrieval.embedders.onnx import (
     BULK_MIN_TEXTS,
     OnnxEmbedder,
@@ -174,6 +176,28 @@ def test_int8_queries_by_a_graph_of_their_own(
     assert graph.stat().st_mtime_ns == before
     with pytest.raises(ValueError, match="int8 queries beside an int8 model"):
         OnnxQueryEmbedder(default_model_path(), "all-MiniLM-L6-v2", models, int8=True)
+
+
+async def test_queries_are_embedded_in_one_thread_unless_set(
+    onnx_cache_dir: Path, tmp_path: Path
+) -> None:
+    """The query graph runs in one thread by default (`MEMCHAT_EMBEDDER__QUERY_THREADS`),
+    the stored texts' graph in all cores; the thread count does not change a vector."""
+    models = linked_models_dir(
+        onnx_cache_dir, tmp_path, "all-MiniLM-L6-v2-*.onnx", "*.vocabulary.npy"
+    )
+    default = await load_embedder(Settings(data_dir=tmp_path, models_dir=models))
+    two = await load_embedder(
+        Settings(data_dir=tmp_path, models_dir=models, embedder=EmbedderSettings(query_threads=2))
+    )
+    assert isinstance(default, OnnxQueryEmbedder) and isinstance(two, OnnxQueryEmbedder)
+    assert (default.query_threads, two.query_threads) == (1, 2)
+    assert OnnxQueryEmbedder(default_model_path(), "all-MiniLM-L6-v2", models).query_threads == 1
+    np.testing.assert_allclose(
+        default.embed_queries_now(QUESTIONS), two.embed_queries_now(QUESTIONS), atol=1e-5
+    )
+    with pytest.raises(ValueError, match="query_threads"):
+        EmbedderSettings(query_threads=0)
 
 
 def test_the_vocabulary_table_holds_the_embedders_own_word_vectors(

@@ -48,6 +48,7 @@ from retrieval.embedders.bf16 import Bf16Transformer
 from retrieval.embedders.e5_weights import LAYER_TENSORS, E5ModelFile, Vocabulary
 from retrieval.embedders.onnx import (
     BULK_MIN_TEXTS,
+    QUERY_THREADS,
     OnnxHiddenState,
     export_model_onnx,
     length_batches,
@@ -259,6 +260,7 @@ class E5Embedder:
         num_threads: int | None = None,
         bf16_bulk: bool = False,
         int8_queries: bool = False,
+        query_threads: int | None = QUERY_THREADS,
     ) -> None:
         path = model_path or default_model_path()
         model_file = E5ModelFile(path)
@@ -287,8 +289,9 @@ class E5Embedder:
             quantized = query_graph(onnx_path)
             # The copy of earlier versions (full 8-bit weights) is not read again.
             onnx_path.with_name(f"{onnx_path.stem}-int8.onnx").unlink(missing_ok=True)
+            # In one thread by default: a question is embedded fastest so (QUERY_THREADS).
             self._query_hidden_state = OnnxHiddenState(
-                quantized, num_threads=num_threads, word_vectors=word_vectors
+                quantized, num_threads=query_threads or num_threads, word_vectors=word_vectors
             )
         self._model_name = model_name
         self._batch_size = batch_size
@@ -310,6 +313,10 @@ class E5Embedder:
     @property
     def dimension(self) -> int:
         return self._dimension
+
+    @property
+    def query_threads(self) -> int:
+        return self._query_hidden_state.num_threads
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Stored texts (`passage: `), in a worker thread: the model's threads do the work."""

@@ -51,6 +51,12 @@ PADDING_SLACK = 16
 # batches and the buffers kept for the next call stay small. Short texts (LoCoMo's
 # turns, about 30 tokens) still go 64 a pass.
 ONNX_BATCH_TOKENS = 8192
+# Threads of a query graph by default: a question's few dozen tokens are embedded fastest
+# in one thread, as ONNX Runtime wakes its second thread for each of the graph's few
+# hundred steps (two cores with AMX, 8-bit graphs, p50 of one text: e5 12 tokens 3.0
+# against 4.4 ms, 48 tokens 8.1 against 9.6; MiniLM 24 tokens 2.2 against 3.2); two
+# threads win only from about 200 tokens or 16 texts (bench/RESULTS.md).
+QUERY_THREADS = 1
 # After a pass of at least this many tokens, ONNX Runtime's arena gives back what it no
 # longer uses (a single query's pass, far smaller, keeps its buffers: no cost per turn).
 SHRINK_AFTER_TOKENS = 4096
@@ -201,8 +207,10 @@ class OnnxHiddenState:
         import onnxruntime
 
         self._word_vectors = word_vectors
+        # Threads of each call (ONNX Runtime's intra-op pool).
+        self.num_threads = num_threads or os.cpu_count() or 1
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = num_threads or os.cpu_count() or 1
+        options.intra_op_num_threads = self.num_threads
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Idle worker threads would otherwise spin for a while after each call, taking the
         # cores that the rest of the turn (search, SQL, tokenising) runs on.
@@ -409,15 +417,30 @@ class OnnxQueryEmbedder(OnnxEmbedder):
     graph with 8-bit weights (7-bit range, as e5's queries: `retrieval.embedders.e5`):
     about half the time of fp32 for a question, vectors at cosine about 0.99 of fp32's
     (all-MiniLM-L6-v2, 600 LoCoMo questions: mean 0.993, least 0.989). Only what is searched with
-    changes, never what is stored, so stored vectors keep their model's name."""
+    changes, never what is stored, so stored vectors keep their model's name.
 
-    def __init__(self, model_path: Path, model_name: str, cache_dir: Path, **options: Any) -> None:
+    `query_threads`: the query graph's threads (`QUERY_THREADS` by default; None: as
+    `num_threads`)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        model_name: str,
+        cache_dir: Path,
+        *,
+        query_threads: int | None = QUERY_THREADS,
+        **options: Any,
+    ) -> None:
         if options.get("int8"):
             raise ValueError("int8 queries beside an int8 model: use the int8 model alone")
         super().__init__(model_path, model_name, cache_dir, **options)
         self._query_hidden_state = OnnxHiddenState(
-            query_graph(self._onnx_path), num_threads=self._num_threads
+            query_graph(self._onnx_path), num_threads=query_threads or self._num_threads
         )
+
+    @property
+    def query_threads(self) -> int:
+        return self._query_hidden_state.num_threads
 
     async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Search queries, in a worker thread."""
