@@ -43,7 +43,13 @@ from pathlib import Path
 from _server import MODELS_CACHE
 
 from app.runtime import Runtime, build_runtime, close_runtime, retrieval_config
-from app.settings import EngineSettings, FactSettings, SecondEmbedderSettings, Settings
+from app.settings import (
+    EmbedderSettings,
+    EngineSettings,
+    FactSettings,
+    SecondEmbedderSettings,
+    Settings,
+)
 from retrieval.chat.timing import StageClock
 from retrieval.dense import SecondDense
 from retrieval.facts.rules import rule_extractor
@@ -408,6 +414,12 @@ async def main() -> None:
         help="the second list's queries (MEMCHAT_SECOND_EMBEDDER__QUERY_PRECISION); "
         "default: the settings'",
     )
+    parser.add_argument(
+        "--query-threads",
+        type=int,
+        help="both embedders' query graph threads (MEMCHAT_EMBEDDER__QUERY_THREADS and the "
+        "second's); default: the settings' (1)",
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--chat-turns", type=int, default=30)
@@ -422,6 +434,7 @@ async def main() -> None:
     )
     args = parser.parse_args()
     query_precision = {"query_precision": args.query_precision} if args.query_precision else {}
+    threads = {"query_threads": args.query_threads} if args.query_threads else {}
     turns, questions = load_locomo(args.data)
     print(f"LoCoMo: {len(turns)} turns, {len(questions)} questions; {args.queries} timed queries")
     sizes: list[dict] = []
@@ -430,7 +443,8 @@ async def main() -> None:
             data_dir=Path(tmp),
             models_dir=MODELS_CACHE,
             engine=ENGINE,
-            second_embedder=SecondEmbedderSettings(kind=args.second, **query_precision),
+            embedder=EmbedderSettings(**threads),
+            second_embedder=SecondEmbedderSettings(kind=args.second, **query_precision, **threads),
         )
         engine = create_engine(settings.resolved_database_url())
         await migrate.upgrade(engine)
