@@ -3,6 +3,7 @@ indexes, engines. Heavy imports stay inside the functions that build each adapte
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -19,21 +20,14 @@ def _onnx(config: EmbedderSettings, cache_dir: Path) -> Embedder:
 
     # An int8 model embeds queries in 8 bits already.
     queries_apart = config.query_precision == "int8" and config.precision != "int8"
-    model_path = config.model_path or default_model_path()
-    model_name = config.model_name or DEFAULT_MODEL_NAME
-    if queries_apart:
-        return OnnxQueryEmbedder(
-            model_path,
-            model_name,
-            cache_dir,
-            batch_size=config.batch_size,
-            num_threads=config.num_threads,
-            bf16_bulk=bf16_path_for(config.precision),
-            query_threads=config.query_threads,
-        )
-    return OnnxEmbedder(
-        model_path,
-        model_name,
+    embedder: Callable[..., Embedder] = (
+        functools.partial(OnnxQueryEmbedder, query_threads=config.query_threads)
+        if queries_apart
+        else OnnxEmbedder
+    )
+    return embedder(
+        config.model_path or default_model_path(),
+        config.model_name or DEFAULT_MODEL_NAME,
         cache_dir,
         batch_size=config.batch_size,
         num_threads=config.num_threads,

@@ -260,7 +260,7 @@ class E5Embedder:
         num_threads: int | None = None,
         bf16_bulk: bool = False,
         int8_queries: bool = False,
-        query_threads: int | None = QUERY_THREADS,
+        query_threads: int = QUERY_THREADS,
     ) -> None:
         path = model_path or default_model_path()
         model_file = E5ModelFile(path)
@@ -289,9 +289,8 @@ class E5Embedder:
             quantized = query_graph(onnx_path)
             # The copy of earlier versions (full 8-bit weights) is not read again.
             onnx_path.with_name(f"{onnx_path.stem}-int8.onnx").unlink(missing_ok=True)
-            # In one thread by default: a question is embedded fastest so (QUERY_THREADS).
             self._query_hidden_state = OnnxHiddenState(
-                quantized, num_threads=query_threads or num_threads, word_vectors=word_vectors
+                quantized, num_threads=query_threads, word_vectors=word_vectors
             )
         self._model_name = model_name
         self._batch_size = batch_size

@@ -419,8 +419,7 @@ class OnnxQueryEmbedder(OnnxEmbedder):
     (all-MiniLM-L6-v2, 600 LoCoMo questions: mean 0.993, least 0.989). Only what is searched with
     changes, never what is stored, so stored vectors keep their model's name.
 
-    `query_threads`: the query graph's threads (`QUERY_THREADS` by default; None: as
-    `num_threads`)."""
+    `query_threads`: the query graph's threads (`QUERY_THREADS` by default)."""
 
     def __init__(
         self,
@@ -428,14 +427,14 @@ class OnnxQueryEmbedder(OnnxEmbedder):
         model_name: str,
         cache_dir: Path,
         *,
-        query_threads: int | None = QUERY_THREADS,
+        query_threads: int = QUERY_THREADS,
         **options: Any,
     ) -> None:
         if options.get("int8"):
             raise ValueError("int8 queries beside an int8 model: use the int8 model alone")
         super().__init__(model_path, model_name, cache_dir, **options)
         self._query_hidden_state = OnnxHiddenState(
-            query_graph(self._onnx_path), num_threads=query_threads or self._num_threads
+            query_graph(self._onnx_path), num_threads=query_threads
         )
 
     @property
